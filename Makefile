@@ -1,0 +1,37 @@
+# Hotseat developer commands. Everything installs into .venv from the project's own files.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+MEMBERS := -e libs/common -e services/router -e services/pool-controller -e services/audit -e services/sim
+PYPROJECTS := pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
+PYTEST_ARGS ?=
+
+.PHONY: install run test check lint typecheck bench clean
+
+$(BIN)/.installed: $(PYPROJECTS)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(MEMBERS) -e '.[dev]'
+	touch $@
+
+install: $(BIN)/.installed
+
+## Start the whole stack (NATS and Redis reused or launched, sim GPUs, router, controller, audit).
+run: install
+	$(BIN)/hotseat up $(if $(CONFIG),--config $(CONFIG))
+
+## Run the test suite against real NATS, Redis and PostgreSQL.
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy libs/common/src services/*/src src
+
+check: lint typecheck
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

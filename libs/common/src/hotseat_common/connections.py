@@ -1,0 +1,76 @@
+"""Connecting to NATS and Redis with explicit timeouts, credentials and TLS from settings."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+import nats
+import redis.asyncio as aioredis
+from nats.aio.client import Client as NatsClient
+
+from hotseat_common.logging import get_logger
+from hotseat_common.settings import RedisSettings, ServiceSettings
+
+log = get_logger(__name__)
+
+NATS_CONNECT_TIMEOUT = 2.0
+NATS_DRAIN_TIMEOUT = 10
+REDIS_SOCKET_TIMEOUT = 2.0
+
+
+async def connect_nats(settings: ServiceSettings, name: str) -> NatsClient:
+    """Connect and keep reconnecting forever; state changes are logged, never silent."""
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats_error", error=str(exc) or type(exc).__name__)
+
+    async def on_disconnected() -> None:
+        log.warning("nats_disconnected")
+
+    async def on_reconnected() -> None:
+        log.info(
+            "nats_reconnected",
+            url=str(client.connected_url.geturl()) if client.connected_url else None,
+        )
+
+    options: dict[str, Any] = {
+        "servers": [u.strip() for u in settings.nats_url.split(",") if u.strip()],
+        "name": name,
+        "connect_timeout": NATS_CONNECT_TIMEOUT,
+        "reconnect_time_wait": 0.5,
+        "max_reconnect_attempts": -1,
+        "drain_timeout": NATS_DRAIN_TIMEOUT,
+        "error_cb": on_error,
+        "disconnected_cb": on_disconnected,
+        "reconnected_cb": on_reconnected,
+        "allow_reconnect": True,
+    }
+    if settings.nats_user:
+        options["user"] = settings.nats_user
+    if settings.nats_password:
+        options["password"] = settings.nats_password.get_secret_value()
+    if settings.nats_token:
+        options["token"] = settings.nats_token.get_secret_value()
+    if settings.nats_creds:
+        options["user_credentials"] = str(settings.nats_creds)
+    if settings.nats_tls_ca:
+        options["tls"] = ssl.create_default_context(cafile=str(settings.nats_tls_ca))
+    client = await nats.connect(**options)
+    return client
+
+
+def connect_redis(settings: RedisSettings) -> aioredis.Redis:
+    """A pooled client; every command times out rather than hanging on a stalled server."""
+    options: dict[str, Any] = {
+        "socket_timeout": REDIS_SOCKET_TIMEOUT,
+        "socket_connect_timeout": REDIS_SOCKET_TIMEOUT,
+        "health_check_interval": 10,
+        "decode_responses": True,
+    }
+    if settings.redis_password:
+        options["password"] = settings.redis_password.get_secret_value()
+    if settings.redis_tls_ca:
+        options["ssl_ca_certs"] = str(settings.redis_tls_ca)
+    client: aioredis.Redis = aioredis.from_url(settings.redis_url, **options)
+    return client

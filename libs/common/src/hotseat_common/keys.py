@@ -1,0 +1,55 @@
+"""Redis key names: the only place they are spelled.
+
+Keys of one pool share a ``{pool}`` hash tag so that a Redis Cluster keeps them in one
+slot and the controller's transactions stay atomic there too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_KEY_PREFIX = "hotseat"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    prefix: str = DEFAULT_KEY_PREFIX
+
+    def _pool(self, pool: str) -> str:
+        return f"{self.prefix}:pool:{{{pool}}}"
+
+    def pool_state(self, pool: str) -> str:
+        """HASH: resident, phase, target, epoch, owner, heartbeat, deadlines."""
+        return f"{self._pool(pool)}:state"
+
+    def pool_leases(self, pool: str, member: str) -> str:
+        """ZSET lease_id -> expiry (ms, Redis clock)."""
+        return f"{self._pool(pool)}:leases:{member}"
+
+    def pool_lease_meta(self, pool: str) -> str:
+        """HASH lease_id -> JSON (member, request id, router, epoch)."""
+        return f"{self._pool(pool)}:lease-meta"
+
+    def pool_request_leases(self, pool: str) -> str:
+        """HASH request_id -> lease_id, so a retried acquire gets the same lease."""
+        return f"{self._pool(pool)}:request-leases"
+
+    def pool_waiters(self, pool: str, member: str) -> str:
+        """ZSET request_id -> deadline (ms) of requests held for ``member``."""
+        return f"{self._pool(pool)}:waiters:{member}"
+
+    def pool_swap_times(self, pool: str) -> str:
+        """LIST of recent swap durations (seconds), newest first."""
+        return f"{self._pool(pool)}:swap-times"
+
+    def pool_failure(self, pool: str, member: str) -> str:
+        """STRING with TTL: why the last swap to ``member`` failed (fast-fail backoff)."""
+        return f"{self._pool(pool)}:failure:{member}"
+
+    def sim_ledger(self, gpu: str) -> str:
+        """STREAM of sim GPU ledger entries (load/unload/oom/serve) for one simulated GPU."""
+        return f"{self.prefix}:sim:{{{gpu}}}:ledger"
+
+    def sim_resident(self, gpu: str) -> str:
+        """HASH member -> GiB held on one simulated GPU."""
+        return f"{self.prefix}:sim:{{{gpu}}}:resident"

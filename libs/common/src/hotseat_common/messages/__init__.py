@@ -1,0 +1,52 @@
+"""Every message that crosses a process, one module per conversation."""
+
+from hotseat_common.messages.activation import (
+    ACQUIRE_REPLY,
+    Ack,
+    AcquireReply,
+    AcquireRequest,
+    CancelRequest,
+    DispatchFailureReport,
+    ErrorReply,
+    Granted,
+    IncumbentBusyReply,
+    PoolStateChanged,
+    ReleaseRequest,
+    RenewReply,
+    RenewRequest,
+    WaitReply,
+)
+from hotseat_common.messages.audit import (
+    AuditEvent,
+    PoolOutcome,
+    RequestOutcome,
+    pool_event,
+    request_event,
+)
+from hotseat_common.messages.base import WireModel
+from hotseat_common.messages.pools import PoolList, PoolView
+
+__all__ = [
+    "ACQUIRE_REPLY",
+    "Ack",
+    "AcquireReply",
+    "AcquireRequest",
+    "AuditEvent",
+    "CancelRequest",
+    "DispatchFailureReport",
+    "ErrorReply",
+    "Granted",
+    "IncumbentBusyReply",
+    "PoolList",
+    "PoolOutcome",
+    "PoolStateChanged",
+    "PoolView",
+    "ReleaseRequest",
+    "RenewReply",
+    "RenewRequest",
+    "RequestOutcome",
+    "WaitReply",
+    "WireModel",
+    "pool_event",
+    "request_event",
+]

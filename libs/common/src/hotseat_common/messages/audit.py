@@ -1,0 +1,83 @@
+"""Audit events: flat JSON objects, one per request outcome and one per pool transition.
+
+Published to JetStream on ``<prefix>.audit.<kind>.<outcome>`` with ``Nats-Msg-Id`` set
+to the event id, so a republished event is dropped by the stream's de-dup window and,
+past it, by the audit store's unique id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+
+from hotseat_common.messages.base import WireModel
+
+
+class RequestOutcome(StrEnum):
+    SERVED = "served"
+    POOL_ACTIVATION_TIMEOUT = "pool_activation_timeout"
+    POOL_INCUMBENT_BUSY = "pool_incumbent_busy"
+    POOL_QUEUE_FULL = "pool_queue_full"
+    ALL_BACKENDS_FAILED = "all_backends_failed"
+    NO_ROUTE = "no_route"
+    FAIL_CLOSED = "fail_closed"
+    CLIENT_DISCONNECTED = "client_disconnected"
+    REJECTED = "rejected"
+
+
+class PoolOutcome(StrEnum):
+    BUSY_SKIP = "busy_skip"
+    SWAP_STARTED = "swap_started"
+    SWAP_COMPLETED = "swap_completed"
+    SWAP_FAILED = "swap_failed"
+    SWAP_CANCELLED = "swap_cancelled"
+    LEASE_EXPIRED = "lease_expired"
+    RESIDENT_LOST = "resident_lost"
+
+
+def new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class AuditEvent(WireModel):
+    id: str = Field(default_factory=new_event_id, min_length=1, max_length=64)
+    time: datetime = Field(default_factory=utcnow)
+    kind: Literal["request", "pool"]
+    outcome: str
+    request_id: str | None = None
+    router: str | None = None
+    controller: str | None = None
+    rule: str | None = None
+    pool: str | None = None
+    member: str | None = None
+    backend: str | None = None
+    status: int | None = None
+    duration_ms: float | None = None
+    from_member: str | None = None
+    to_member: str | None = None
+    epoch: int | None = None
+    reason: str | None = None
+
+    @model_validator(mode="after")
+    def _outcome_fits_kind(self) -> Self:
+        allowed = RequestOutcome if self.kind == "request" else PoolOutcome
+        if self.outcome not in {o.value for o in allowed}:
+            choices = ", ".join(o.value for o in allowed)
+            raise ValueError(f"outcome {self.outcome!r} is not one of {choices}")
+        return self
+
+
+def request_event(outcome: RequestOutcome, **fields: object) -> AuditEvent:
+    return AuditEvent.model_validate({"kind": "request", "outcome": outcome.value, **fields})
+
+
+def pool_event(outcome: PoolOutcome, **fields: object) -> AuditEvent:
+    return AuditEvent.model_validate({"kind": "pool", "outcome": outcome.value, **fields})

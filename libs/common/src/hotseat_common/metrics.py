@@ -1,0 +1,182 @@
+"""Prometheus metrics: every metric name Hotseat exports, built on an injected registry.
+
+Each service creates its metric set in its lifespan with its own
+``CollectorRegistry``; nothing is registered at import time.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+
+
+class AuditPublishMetrics:
+    """The publishing side of audit events (router and controller)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.dropped = Counter(
+            "hotseat_audit_events_dropped_total",
+            "Audit events dropped because the publish buffer was full.",
+            registry=registry,
+        )
+        self.buffered = Gauge(
+            "hotseat_audit_events_buffered",
+            "Audit events waiting to be published.",
+            registry=registry,
+        )
+        self.published = Counter(
+            "hotseat_audit_events_published_total",
+            "Audit events acknowledged by JetStream.",
+            registry=registry,
+        )
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "hotseat_router_requests_total",
+            "Requests by rule, backend and terminal outcome.",
+            ["router", "rule", "backend", "outcome"],
+            registry=registry,
+        )
+        self.request_duration = Histogram(
+            "hotseat_router_request_duration_seconds",
+            "Whole-request latency, including any pool hold.",
+            ["router", "rule", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.time_to_first_byte = Histogram(
+            "hotseat_router_time_to_first_byte_seconds",
+            "Time from request start to the first response byte from the upstream.",
+            ["router", "backend"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "hotseat_router_in_flight_requests",
+            "Requests currently being handled.",
+            ["router"],
+            registry=registry,
+        )
+        self.backend_healthy = Gauge(
+            "hotseat_router_backend_healthy",
+            "1 when the backend is in rotation, 0 while quarantined.",
+            ["router", "backend"],
+            registry=registry,
+        )
+        self.upstream_attempts = Counter(
+            "hotseat_router_upstream_attempts_total",
+            "Upstream attempts by backend and result (ok, http_5xx, http_4xx, connect, timeout).",
+            ["router", "backend", "result"],
+            registry=registry,
+        )
+        self.busy_skips = Counter(
+            "hotseat_pool_busy_skips_total",
+            "Backends skipped because their pool's incumbent was busy (IfIdle).",
+            ["router", "pool", "member"],
+            registry=registry,
+        )
+        self.pool_hold = Histogram(
+            "hotseat_pool_hold_duration_seconds",
+            "Time a request was held waiting for its pool member to become resident.",
+            ["router", "pool", "member", "result"],
+            buckets=HOLD_BUCKETS,
+            registry=registry,
+        )
+        self.held = Gauge(
+            "hotseat_pool_held_requests",
+            "Requests currently held waiting for a pool member.",
+            ["router", "pool", "member"],
+            registry=registry,
+        )
+        self.audit_publish = AuditPublishMetrics(registry)
+
+
+class PoolMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.swaps = Counter(
+            "hotseat_pool_swaps_total",
+            "Swaps by pool, from, to and result (completed, failed, cancelled).",
+            ["pool", "from_member", "to_member", "result"],
+            registry=registry,
+        )
+        self.swap_duration = Histogram(
+            "hotseat_pool_swap_duration_seconds",
+            "Duration of swaps from the start of the unload to the target ready.",
+            ["pool", "to_member", "result"],
+            buckets=HOLD_BUCKETS,
+            registry=registry,
+        )
+        self.resident = Gauge(
+            "hotseat_pool_resident",
+            "1 for the resident member of each pool.",
+            ["pool", "member"],
+            registry=registry,
+        )
+        self.leases_live = Gauge(
+            "hotseat_pool_leases_live",
+            "Live activation leases per member, fleet-wide.",
+            ["pool", "member"],
+            registry=registry,
+        )
+        self.waiters = Gauge(
+            "hotseat_pool_waiters",
+            "Requests held per member, fleet-wide.",
+            ["pool", "member"],
+            registry=registry,
+        )
+        self.lease_expiries = Counter(
+            "hotseat_pool_lease_expiries_total",
+            "Leases reclaimed because their router stopped renewing them.",
+            ["pool", "member"],
+            registry=registry,
+        )
+        self.acquires = Counter(
+            "hotseat_pool_acquires_total",
+            "Acquire answers by pool, member and status.",
+            ["pool", "member", "status"],
+            registry=registry,
+        )
+        self.residents_lost = Counter(
+            "hotseat_pool_resident_lost_total",
+            "Residents found dead out of band.",
+            ["pool", "member"],
+            registry=registry,
+        )
+        self.audit_publish = AuditPublishMetrics(registry)
+
+
+class AuditMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.events = Counter(
+            "hotseat_audit_events_total",
+            "Audit events stored, by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.dead_letters = Counter(
+            "hotseat_audit_dead_letters_total",
+            "Messages that could not be parsed and went to the dead-letter store.",
+            ["reason"],
+            registry=registry,
+        )
+        self.consumer_lag = Gauge(
+            "hotseat_audit_consumer_lag",
+            "Messages in the stream not yet delivered to the audit consumer.",
+            registry=registry,
+        )
+        self.store_latency = Histogram(
+            "hotseat_audit_store_latency_seconds",
+            "Time to commit one batch to the store.",
+            ["store"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.retention_deleted = Counter(
+            "hotseat_audit_retention_deleted_total",
+            "Rows deleted by the retention job.",
+            registry=registry,
+        )

@@ -1,0 +1,80 @@
+"""What every Hotseat service shares: ``/healthz``, ``/readyz``, ``/metrics`` and running
+an ASGI app under uvicorn with a graceful SIGTERM."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Response
+from fastapi.responses import ORJSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from hotseat_common.settings import ServiceSettings
+
+
+@dataclass
+class Readiness:
+    """Named readiness checks; ready when all pass and the service is not shutting down."""
+
+    checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
+    shutting_down: bool = False
+
+    def add(self, name: str, check: Callable[[], bool]) -> None:
+        self.checks[name] = check
+
+    def report(self) -> tuple[bool, dict[str, bool]]:
+        results = {name: bool(check()) for name, check in self.checks.items()}
+        results["accepting"] = not self.shutting_down
+        return all(results.values()), results
+
+
+def ops_router(readiness: Readiness, registry: CollectorRegistry) -> APIRouter:
+    """The three operational endpoints; mount them on every service app."""
+    router = APIRouter(include_in_schema=False)
+
+    @router.get("/healthz")
+    async def healthz() -> ORJSONResponse:
+        return ORJSONResponse({"status": "ok"})
+
+    @router.get("/readyz")
+    async def readyz() -> ORJSONResponse:
+        ready, checks = readiness.report()
+        return ORJSONResponse(
+            {"status": "ready" if ready else "not ready", "checks": checks},
+            status_code=200 if ready else 503,
+        )
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+def run_app(
+    app: FastAPI | str, settings: ServiceSettings, *, workers: int = 1, factory: bool = False
+) -> None:
+    """Serve ``app`` until SIGINT/SIGTERM; in-flight requests get ``shutdown_grace`` seconds.
+
+    With ``workers > 1`` the app must be an import string (each worker imports it and reads
+    its settings from the environment).
+    """
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "lifespan": "on",
+        "log_config": None,
+        "access_log": False,
+        "timeout_graceful_shutdown": max(1, int(settings.shutdown_grace)),
+        "timeout_keep_alive": 30,
+        "factory": factory,
+    }
+    if workers > 1:
+        uvicorn.run(app, workers=workers, **options)
+    else:
+        uvicorn.Server(uvicorn.Config(app, **options)).run()

@@ -1,0 +1,1 @@
+"""Hotseat's operator CLI and the launcher that runs a whole stack on one machine."""

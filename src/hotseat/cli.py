@@ -1,0 +1,98 @@
+"""``hotseat``: the operator CLI (check-config, up, status, audit)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hotseat_common.config import ConfigError, HotseatConfig, load_config
+from hotseat_common.durations import format_duration
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_USAGE = 2
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "hotseat.yaml"
+
+
+def summarize(config: HotseatConfig) -> str:
+    """A short human summary of what a config declares."""
+    header = (
+        f"router {config.router.name}: {len(config.backends)} backend(s), "
+        f"{len(config.pools)} pool(s), {len(config.rules)} rule(s)"
+    )
+    lines = [header]
+    lines.extend(
+        f"  backend {b.name} ({b.tier}) {b.address}"
+        + (f" pool {b.pool.name}/{b.pool.member}" if b.pool else "")
+        for b in config.backends
+    )
+    for pool in config.pools:
+        members = ", ".join(m.name for m in pool.members)
+        default = f", default {pool.default}" if pool.default else ""
+        lines.append(
+            f"  pool {pool.name} [{pool.driver.kind}] members: {members}; "
+            f"swapBudget {format_duration(pool.swap_budget)}, busySignal {pool.busy_signal}"
+            f"{default}"
+        )
+    lines.extend(
+        f"  rule {r.name}: {' -> '.join(r.route.backends)} ({r.route.pool_activation})"
+        for r in config.rules
+    )
+    if config.default_route:
+        lines.append(f"  defaultRoute {config.default_route} ({config.default_route_strategy})")
+    return "\n".join(lines)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        print(f"{exc.source}: invalid ({len(exc.issues)} error(s))", file=sys.stderr)
+        for issue in exc.issues:
+            print(f"  {issue}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"{args.file}: valid")
+    print(summarize(config))
+    return EXIT_OK
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from hotseat.up import run_up  # noqa: PLC0415 - keeps check-config free of process code
+
+    return run_up(config_path=Path(args.config), router_port=args.port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hotseat", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check-config", help="validate a config file")
+    check.add_argument("file", type=Path)
+    check.set_defaults(func=cmd_check_config)
+
+    up = sub.add_parser("up", help="run a whole local stack in the foreground")
+    up.add_argument("--config", default=str(DEFAULT_CONFIG), help="config file")
+    up.add_argument("--port", type=int, default=8080, help="the router's port")
+    up.set_defaults(func=cmd_up)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0) and EXIT_USAGE
+    result: int = args.func(args)
+    return result
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,58 @@
+"""The launcher starts private NATS (JetStream) and Redis, detects running ones, leaves no
+process behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nats
+import redis.asyncio as aioredis
+
+from hotseat.launcher import Managed, nats_reachable, redis_reachable, start_nats, start_redis
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie still answers kill(0); its /proc status says so.
+    status = Path(f"/proc/{pid}/status")
+    return not status.exists() or "State:\tZ" in status.read_text()
+
+
+async def test_nats_starts_with_jetstream_and_stops(tmp_path: Path) -> None:
+    """A launched nats-server answers, has JetStream enabled, and is gone after stop."""
+    proc = start_nats(tmp_path)
+    try:
+        assert nats_reachable(proc.url)
+        nc = await nats.connect(proc.url)
+        info = await nc.jetstream().account_info()
+        assert info.limits is not None
+        await nc.close()
+    finally:
+        proc.stop()
+    assert _gone(proc.pid)
+    assert not nats_reachable(proc.url)
+
+
+async def test_redis_starts_and_stops(tmp_path: Path) -> None:
+    """A launched redis-server answers PING and is gone after stop."""
+    proc = start_redis(tmp_path)
+    try:
+        client: aioredis.Redis = aioredis.from_url(proc.url)
+        assert await client.ping()
+        await client.aclose()
+    finally:
+        proc.stop()
+    assert _gone(proc.pid)
+    assert not redis_reachable(proc.url)
+
+
+def test_reachability_detects_running_servers(nats_server: Managed, redis_server: Managed) -> None:
+    """Running servers are detected (so they are reused), a closed port is not."""
+    assert nats_reachable(nats_server.url)
+    assert redis_reachable(redis_server.url)
+    assert not nats_reachable(redis_server.url.replace("redis", "nats"))
+    assert not redis_reachable("redis://127.0.0.1:1/0")

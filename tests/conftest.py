@@ -1,0 +1,61 @@
+"""Session-wide real infrastructure: private nats-server (JetStream) and redis-server on
+free ports, started by the same launcher ``hotseat up`` uses, plus a fresh PostgreSQL
+database. Tests isolate themselves further with a unique prefix for subjects, keys and
+streams."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+import redis.asyncio as aioredis
+from nats.aio.client import Client as NatsClient
+
+from hotseat.launcher import Managed, start_nats, start_redis
+from tests.support.infra import fresh_postgres_database, unique_prefix
+
+
+@pytest.fixture(scope="session")
+def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("hotseat")
+
+
+@pytest.fixture(scope="session")
+def nats_server(session_dir: Path) -> Iterator[Managed]:
+    proc = start_nats(session_dir / "nats")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(session_dir: Path) -> Iterator[Managed]:
+    proc = start_redis(session_dir / "redis")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    with fresh_postgres_database() as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def prefix() -> str:
+    return unique_prefix()
+
+
+@pytest.fixture
+async def nc(nats_server: Managed) -> AsyncIterator[NatsClient]:
+    client = await nats.connect(nats_server.url, connect_timeout=2)
+    yield client
+    await client.drain()
+
+
+@pytest.fixture
+async def redis(redis_server: Managed) -> AsyncIterator[aioredis.Redis]:
+    client: aioredis.Redis = aioredis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    await client.aclose()
