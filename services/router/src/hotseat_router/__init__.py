@@ -1,0 +1,1 @@
+"""Hotseat router: the OpenAI-compatible data plane."""

@@ -1,0 +1,84 @@
+"""The router's side of the activation contract: how a request gets a lease on a pool member.
+
+The router calls :meth:`ActivationClient.acquire` before dispatching to a pooled backend.
+It either returns a :class:`Lease` (the member is resident and counted busy until the lease
+is released) or raises one of :mod:`hotseat_common.errors`:
+
+- ``IncumbentBusy``      IfIdle and the incumbent serves: skip this backend (``busy_skip``).
+- ``QueueFull``          the pool's maxWaiters is reached: skip this backend.
+- ``ActivationTimeout``  the pool's swapBudget elapsed while held: answer 503 at once.
+- ``SwapFailed``         the load failed: treat like a failed backend, try the next.
+- ``UnknownPool`` / ``ControllerUnavailable``: the pool cannot vouch for the member.
+
+The lease must be released when the response body ends (streaming included) or the client
+leaves, from the stream generator's ``finally``; while held, it is renewed in the
+background, and ``lease.lost`` is set when a renewal is refused (the stream must then end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from hotseat_common.config.model import PoolActivation
+
+
+@dataclass
+class Lease:
+    """A granted activation lease on ``pool``/``member``."""
+
+    pool: str
+    member: str
+    lease_id: str
+    epoch: int
+    ttl_s: float
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the controller refused a renewal: the member may no longer be resident."""
+
+
+class ActivationClient(Protocol):
+    async def acquire(
+        self,
+        *,
+        pool: str,
+        member: str,
+        mode: PoolActivation,
+        request_id: str,
+        budget_s: float,
+    ) -> Lease:
+        """Hold until ``member`` is resident and leased, for at most ``budget_s`` seconds.
+
+        Cancelling the awaiting task (client disconnect) withdraws the request from the
+        pool's waiters.
+        """
+        ...
+
+    async def release(self, lease: Lease) -> None:
+        """Give the lease back (idempotent, never raises)."""
+        ...
+
+    async def report_failure(self, lease: Lease, *, request_id: str, reason: str) -> None:
+        """Tell the controller that a granted member failed at the connection level."""
+        ...
+
+
+class DirectActivation:
+    """No pool controller: every pooled backend is treated as resident (lease is a no-op)."""
+
+    async def acquire(
+        self,
+        *,
+        pool: str,
+        member: str,
+        mode: PoolActivation,
+        request_id: str,
+        budget_s: float,
+    ) -> Lease:
+        return Lease(pool=pool, member=member, lease_id=f"direct-{request_id}", epoch=0, ttl_s=0)
+
+    async def release(self, lease: Lease) -> None:
+        return None
+
+    async def report_failure(self, lease: Lease, *, request_id: str, reason: str) -> None:
+        return None
