@@ -1,0 +1,1 @@
+"""Hotseat pool controller: residency, swaps and activation leases (see docs/adr/0001)."""

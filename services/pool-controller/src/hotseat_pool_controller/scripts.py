@@ -1,0 +1,157 @@
+"""Lua scripts the store runs in Redis. Key names are passed in from :mod:`hotseat_common.keys`;
+all times come from Redis ``TIME`` so every replica shares one clock."""
+
+from __future__ import annotations
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local since = '(' .. now
+"""
+
+SNAPSHOT = (
+    _NOW
+    + """
+local spec = cjson.decode(ARGV[1])
+local out = {now = now, state = redis.call('HGETALL', spec.state), members = {}}
+for i, m in ipairs(spec.members) do
+  local entry = {
+    name = m.name,
+    leases = redis.call('ZCOUNT', m.leases, since, '+inf'),
+    waiters = redis.call('ZCOUNT', m.waiters, since, '+inf'),
+    failure = redis.call('PTTL', m.failure),
+    waiting = 0,
+  }
+  if spec.request_id ~= '' then
+    local s = redis.call('ZSCORE', m.waiters, spec.request_id)
+    if s and tonumber(s) > now then entry.waiting = 1 end
+  end
+  out.members[i] = entry
+end
+if spec.request_id ~= '' then
+  local lease = redis.call('HGET', spec.request_leases, spec.request_id)
+  if lease then
+    local meta = redis.call('HGET', spec.lease_meta, lease)
+    if meta then
+      local m = cjson.decode(meta)
+      local key = spec.lease_keys[m.member]
+      local s = key and redis.call('ZSCORE', key, lease)
+      if s and tonumber(s) > now then
+        out.lease = {id = lease, member = m.member, epoch = tostring(m.epoch)}
+      end
+    end
+  end
+end
+out.swap_times = redis.call('LRANGE', spec.swap_times, 0, 9)
+return cjson.encode(out)
+"""
+)
+
+APPLY = (
+    _NOW
+    + """
+local spec = cjson.decode(ARGV[1])
+local pre = spec.pre
+local state = spec.state
+local exists = redis.call('EXISTS', state) == 1
+if pre.state_missing then
+  if exists then return 0 end
+elseif not exists then
+  return 0
+end
+if pre.version then
+  if tonumber(redis.call('HGET', state, 'version') or '0') ~= pre.version then return 0 end
+end
+for k, v in pairs(pre.state_equals) do
+  if (redis.call('HGET', state, k) or '') ~= v then return 0 end
+end
+for _, k in ipairs(pre.zero_leases) do
+  if redis.call('ZCOUNT', k, since, '+inf') > 0 then return 0 end
+end
+for _, k in ipairs(pre.zero_waiters) do
+  if redis.call('ZCOUNT', k, since, '+inf') > 0 then return 0 end
+end
+if pre.waiter_cap then
+  local total = 0
+  for _, k in ipairs(pre.waiter_keys) do total = total + redis.call('ZCOUNT', k, since, '+inf') end
+  if total >= pre.waiter_cap then return -1 end
+end
+for _, op in ipairs(spec.ops) do
+  if op.op == 'hset' then
+    local args = {}
+    for k, v in pairs(op.fields) do
+      args[#args + 1] = k
+      args[#args + 1] = v
+    end
+    if #args > 0 then redis.call('HSET', state, unpack(args)) end
+    if op.bump then redis.call('HINCRBY', state, 'version', 1) end
+  elseif op.op == 'lease' then
+    redis.call('ZADD', op.key, op.expiry, op.id)
+    redis.call('HSET', op.meta_key, op.id, op.meta)
+    redis.call('HSET', op.request_key, op.request_id, op.id)
+  elseif op.op == 'zadd' then
+    redis.call('ZADD', op.key, op.score, op.member)
+  elseif op.op == 'zrem' then
+    redis.call('ZREM', op.key, op.member)
+  elseif op.op == 'del' then
+    redis.call('DEL', op.key)
+  elseif op.op == 'setpx' then
+    if op.px > 0 then redis.call('SET', op.key, op.value, 'PX', op.px) end
+  elseif op.op == 'lpush_trim' then
+    redis.call('LPUSH', op.key, op.value)
+    redis.call('LTRIM', op.key, 0, op.keep - 1)
+  end
+end
+return 1
+"""
+)
+
+RENEW = (
+    _NOW
+    + """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) <= now then return 0 end
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+return 1
+"""
+)
+
+RELEASE = """
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+local meta = redis.call('HGET', KEYS[2], ARGV[1])
+if meta then
+  local m = cjson.decode(meta)
+  if m.request_id and redis.call('HGET', KEYS[3], m.request_id) == ARGV[1] then
+    redis.call('HDEL', KEYS[3], m.request_id)
+  end
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
+return removed
+"""
+
+REAP = (
+    _NOW
+    + """
+local spec = cjson.decode(ARGV[1])
+local expired = {}
+for _, m in ipairs(spec.members) do
+  local ids = redis.call('ZRANGEBYSCORE', m.leases, '-inf', now)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', m.leases, id)
+    local meta = redis.call('HGET', spec.lease_meta, id)
+    if meta then
+      local decoded = cjson.decode(meta)
+      local rid = decoded.request_id
+      if rid and redis.call('HGET', spec.request_leases, rid) == id then
+        redis.call('HDEL', spec.request_leases, rid)
+      end
+      redis.call('HDEL', spec.lease_meta, id)
+    end
+    expired[#expired + 1] = {id = id, member = m.name, meta = meta or ''}
+  end
+  redis.call('ZREMRANGEBYSCORE', m.waiters, '-inf', now)
+end
+if #expired == 0 then return '[]' end
+return cjson.encode(expired)
+"""
+)

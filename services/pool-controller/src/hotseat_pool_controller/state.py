@@ -1,0 +1,701 @@
+"""Pure pool decisions: a snapshot of one pool in, a decision out. No I/O here.
+
+A :class:`Decision` is what to answer, which writes to make, and the preconditions the
+decision relied on; :mod:`hotseat_pool_controller.store` applies it atomically and asks
+again from a fresh snapshot when a precondition no longer holds. See docs/adr/0001.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from hotseat_common.config.model import BusySignal, Pool, PoolActivation
+from hotseat_common.messages import (
+    ErrorReply,
+    Granted,
+    IncumbentBusyReply,
+    PoolOutcome,
+    WaitReply,
+)
+
+DEFAULT_SWAP_ESTIMATE_S = 5.0
+MIN_RETRY_AFTER_S = 1.0
+
+
+class Phase(StrEnum):
+    UNKNOWN = "unknown"
+    IDLE = "idle"
+    DRAINING = "draining"
+    UNLOADING = "unloading"
+    LOADING = "loading"
+
+
+IN_FLIGHT = frozenset({Phase.UNLOADING, Phase.LOADING})
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPolicy:
+    """The parts of a pool's config (and the controller's timing) that decisions use."""
+
+    name: str
+    members: tuple[str, ...]
+    max_waiters: int
+    lease_ttl_ms: int
+    swap_timeout_ms: int
+    failure_backoff_ms: int
+    busy_signal: BusySignal
+    default: str | None
+    heartbeat_ttl_ms: int = 3000
+
+    @classmethod
+    def from_config(cls, pool: Pool, *, heartbeat_ttl_s: float = 3.0) -> PoolPolicy:
+        return cls(
+            name=pool.name,
+            members=tuple(m.name for m in pool.members),
+            max_waiters=pool.max_waiters,
+            lease_ttl_ms=int(pool.lease_ttl * 1000),
+            swap_timeout_ms=int(pool.swap_timeout * 1000),
+            failure_backoff_ms=int(pool.swap_failure_backoff * 1000),
+            busy_signal=pool.busy_signal,
+            default=pool.default,
+            heartbeat_ttl_ms=int(heartbeat_ttl_s * 1000),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLease:
+    member: str
+    lease_id: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """One pool as read in one round trip; counts are of live entries only."""
+
+    now_ms: int
+    phase: Phase
+    resident: str | None = None
+    target: str | None = None
+    from_member: str | None = None
+    epoch: int = 0
+    version: int = 0
+    owner: str | None = None
+    heartbeat_ms: int = 0
+    started_ms: int = 0
+    deadline_ms: int = 0
+    forced: bool = False
+    leases: Mapping[str, int] = field(default_factory=dict)
+    waiters: Mapping[str, int] = field(default_factory=dict)
+    failures: Mapping[str, int] = field(default_factory=dict)
+    """member -> milliseconds left of its swap-failure backoff."""
+    swap_times: tuple[float, ...] = ()
+    request_lease: RequestLease | None = None
+    request_waiting: bool = False
+
+    def live_leases(self, member: str | None) -> int:
+        return self.leases.get(member, 0) if member else 0
+
+    def live_waiters(self, member: str | None) -> int:
+        return self.waiters.get(member, 0) if member else 0
+
+    @property
+    def total_waiters(self) -> int:
+        return sum(self.waiters.values())
+
+
+# --- writes ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SetState:
+    """Update fields of the pool's state hash; ``bump`` moves its ``version``."""
+
+    fields: Mapping[str, str]
+    bump: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class AddLease:
+    member: str
+    lease_id: str
+    expiry_ms: int
+    request_id: str
+    meta: str
+
+
+@dataclass(frozen=True, slots=True)
+class AddWaiter:
+    member: str
+    request_id: str
+    deadline_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveWaiter:
+    member: str
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClearWaiters:
+    member: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetFailure:
+    member: str
+    reason: str
+    ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSwapTime:
+    seconds: float
+
+
+Op = SetState | AddLease | AddWaiter | RemoveWaiter | ClearWaiters | SetFailure | RecordSwapTime
+
+
+@dataclass(frozen=True, slots=True)
+class Preconditions:
+    """What must still hold when the writes are applied."""
+
+    version: int | None = None
+    state_equals: Mapping[str, str] = field(default_factory=dict)
+    state_missing: bool = False
+    zero_leases: tuple[str, ...] = ()
+    zero_waiters: tuple[str, ...] = ()
+    waiter_cap: int | None = None
+    """Total live waiters of the pool must stay below this."""
+
+
+@dataclass(frozen=True, slots=True)
+class SwapOrder:
+    """Tells the caller to run (or resume) a swap as its owner."""
+
+    target: str
+    epoch: int
+    from_member: str | None
+    resume: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AuditIntent:
+    outcome: PoolOutcome
+    member: str | None = None
+    from_member: str | None = None
+    to_member: str | None = None
+    epoch: int | None = None
+    reason: str | None = None
+    request_id: str | None = None
+
+
+Reply = Granted | IncumbentBusyReply | WaitReply | ErrorReply
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    reply: Reply | None = None
+    ops: tuple[Op, ...] = ()
+    pre: Preconditions = Preconditions()
+    swap: SwapOrder | None = None
+    audit: tuple[AuditIntent, ...] = ()
+    need_idle_check: str | None = None
+    """Member whose ``/slots`` must be consulted before deciding (busySignal leasesAndSlots)."""
+
+    @property
+    def writes(self) -> bool:
+        return bool(self.ops)
+
+    @property
+    def changes_state(self) -> bool:
+        return any(isinstance(op, SetState) and op.bump for op in self.ops)
+
+
+NOTHING = Decision()
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireAsk:
+    member: str
+    mode: PoolActivation
+    request_id: str
+    router: str
+    deadline_ms: int
+    lease_id: str
+    """A fresh id the decision may use if it grants."""
+
+
+# --- helpers --------------------------------------------------------------------------
+
+
+def next_epoch(snap: PoolSnapshot) -> int:
+    """Strictly above the last epoch, and above any epoch issued before Redis lost data."""
+    return max(snap.epoch + 1, snap.now_ms)
+
+
+def swap_estimate_s(snap: PoolSnapshot) -> float:
+    if not snap.swap_times:
+        return DEFAULT_SWAP_ESTIMATE_S
+    return sum(snap.swap_times) / len(snap.swap_times)
+
+
+def retry_after_s(snap: PoolSnapshot) -> float:
+    """When the pool is likely to be warm for a new target: from measured swap times."""
+    estimate = swap_estimate_s(snap)
+    if snap.phase in IN_FLIGHT and snap.started_ms:
+        estimate -= (snap.now_ms - snap.started_ms) / 1000
+    return max(MIN_RETRY_AFTER_S, round(estimate, 3))
+
+
+def incumbent_busy(snap: PoolSnapshot, slots_busy: bool | None) -> bool:
+    """Live leases fleet-wide, requests about to use it (its waiters), or busy slots."""
+    if snap.resident is None:
+        return False
+    return (
+        snap.live_leases(snap.resident) > 0
+        or snap.live_waiters(snap.resident) > 0
+        or slots_busy is True
+    )
+
+
+def _needs_slots(snap: PoolSnapshot, policy: PoolPolicy, slots_busy: bool | None) -> bool:
+    return (
+        snap.resident is not None
+        and policy.busy_signal == BusySignal.LEASES_AND_SLOTS
+        and slots_busy is None
+    )
+
+
+def _cap(snap: PoolSnapshot, policy: PoolPolicy) -> int | None:
+    """The waiter cap precondition, unless this request already counts as a waiter."""
+    return None if snap.request_waiting else policy.max_waiters
+
+
+def _queue_full(snap: PoolSnapshot, policy: PoolPolicy) -> ErrorReply | None:
+    if snap.request_waiting or snap.total_waiters < policy.max_waiters:
+        return None
+    return ErrorReply(
+        code="pool_queue_full",
+        message=f"pool {policy.name} holds {snap.total_waiters} requests (maxWaiters)",
+        retry_after_s=retry_after_s(snap),
+    )
+
+
+def _start_swap(
+    snap: PoolSnapshot,
+    policy: PoolPolicy,
+    target: str,
+    controller: str,
+    *,
+    forced: bool = False,
+    reason: str = "demand",
+) -> tuple[SetState, Preconditions, SwapOrder, AuditIntent]:
+    epoch = next_epoch(snap)
+    state = SetState(
+        {
+            "phase": Phase.UNLOADING.value,
+            "target": target,
+            "from": snap.resident or "",
+            "resident": snap.resident or "",
+            "epoch": str(epoch),
+            "owner": controller,
+            "heartbeat": str(snap.now_ms + policy.heartbeat_ttl_ms),
+            "started": str(snap.now_ms),
+            "deadline": str(snap.now_ms + policy.swap_timeout_ms),
+            "forced": "1" if forced else "",
+        }
+    )
+    busy_guard = (snap.resident,) if snap.resident else ()
+    pre = Preconditions(version=snap.version, zero_leases=busy_guard, zero_waiters=busy_guard)
+    order = SwapOrder(target=target, epoch=epoch, from_member=snap.resident)
+    audit = AuditIntent(
+        PoolOutcome.SWAP_STARTED,
+        member=target,
+        from_member=snap.resident,
+        to_member=target,
+        epoch=epoch,
+        reason=reason,
+    )
+    return state, pre, order, audit
+
+
+# --- acquire --------------------------------------------------------------------------
+
+
+def decide_acquire(
+    snap: PoolSnapshot,
+    ask: AcquireAsk,
+    policy: PoolPolicy,
+    controller: str,
+    *,
+    slots_busy: bool | None = None,
+) -> Decision:
+    """PRODUCT.md section 2, one acquire at a time."""
+    if ask.member not in policy.members:
+        return Decision(
+            reply=ErrorReply(
+                code="unknown_pool",
+                message=f"{ask.member!r} is not a member of pool {policy.name!r}",
+            )
+        )
+    if snap.phase == Phase.UNKNOWN:
+        return Decision(reply=WaitReply(reason="reconciling", epoch=snap.epoch, retry_after_s=1.0))
+    held = snap.request_lease
+    if held is not None and held.member == ask.member:
+        # A retried acquire (same request id) gets the lease it already has.
+        return Decision(
+            reply=Granted(
+                lease_id=held.lease_id, ttl_s=policy.lease_ttl_ms / 1000, epoch=held.epoch
+            )
+        )
+    backoff_ms = snap.failures.get(ask.member, 0)
+    if backoff_ms > 0:
+        return Decision(
+            reply=ErrorReply(
+                code="swap_failed",
+                message=f"the last swap to {ask.member} failed; retrying after a backoff",
+                retry_after_s=max(MIN_RETRY_AFTER_S, backoff_ms / 1000),
+            )
+        )
+    if snap.resident == ask.member and snap.phase in {Phase.IDLE, Phase.DRAINING}:
+        return _grant(snap, ask, policy)
+    if snap.phase in IN_FLIGHT:
+        if (full := _queue_full(snap, policy)) is not None:
+            return Decision(reply=full)
+        return Decision(
+            reply=WaitReply(
+                reason="swap_in_flight",
+                target=snap.target,
+                epoch=snap.epoch,
+                retry_after_s=retry_after_s(snap),
+            ),
+            ops=(AddWaiter(ask.member, ask.request_id, ask.deadline_ms),),
+            pre=Preconditions(version=snap.version, waiter_cap=_cap(snap, policy)),
+        )
+    # The member is not resident, and no swap is in flight (idle or draining).
+    if not incumbent_busy(snap, slots_busy) and _needs_slots(snap, policy, slots_busy):
+        return Decision(need_idle_check=snap.resident)
+    if incumbent_busy(snap, slots_busy):
+        if ask.mode == PoolActivation.IF_IDLE:
+            return Decision(
+                reply=IncumbentBusyReply(resident=snap.resident, retry_after_s=retry_after_s(snap))
+            )
+        if (full := _queue_full(snap, policy)) is not None:
+            return Decision(reply=full)
+        ops: list[Op] = [AddWaiter(ask.member, ask.request_id, ask.deadline_ms)]
+        target = snap.target if snap.phase == Phase.DRAINING else ask.member
+        if snap.phase == Phase.IDLE:
+            ops.append(SetState({"phase": Phase.DRAINING.value, "target": ask.member}))
+        return Decision(
+            reply=WaitReply(
+                reason="draining",
+                target=target,
+                epoch=snap.epoch,
+                retry_after_s=retry_after_s(snap),
+            ),
+            ops=tuple(ops),
+            pre=Preconditions(version=snap.version, waiter_cap=_cap(snap, policy)),
+        )
+    # Incumbent idle, or the pool is cold: start the swap now (to the pending target, if
+    # one is draining with demand, else to this member); this request waits for it.
+    if (full := _queue_full(snap, policy)) is not None:
+        return Decision(reply=full)
+    target = ask.member
+    if snap.phase == Phase.DRAINING and snap.target and snap.live_waiters(snap.target) > 0:
+        target = snap.target
+    state, pre, order, audit = _start_swap(snap, policy, target, controller)
+    return Decision(
+        reply=WaitReply(
+            reason="swap_in_flight",
+            target=target,
+            epoch=order.epoch,
+            retry_after_s=retry_after_s(snap),
+        ),
+        ops=(state, AddWaiter(ask.member, ask.request_id, ask.deadline_ms)),
+        pre=Preconditions(
+            version=pre.version,
+            zero_leases=pre.zero_leases,
+            zero_waiters=pre.zero_waiters,
+            waiter_cap=_cap(snap, policy),
+        ),
+        swap=order,
+        audit=(audit,),
+    )
+
+
+def _grant(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy) -> Decision:
+    meta = json.dumps(
+        {
+            "member": ask.member,
+            "request_id": ask.request_id,
+            "router": ask.router,
+            "epoch": snap.epoch,
+        }
+    )
+    ops: list[Op] = [
+        AddLease(ask.member, ask.lease_id, snap.now_ms + policy.lease_ttl_ms, ask.request_id, meta)
+    ]
+    if snap.request_waiting:
+        ops.append(RemoveWaiter(ask.member, ask.request_id))
+    return Decision(
+        reply=Granted(lease_id=ask.lease_id, ttl_s=policy.lease_ttl_ms / 1000, epoch=snap.epoch),
+        ops=tuple(ops),
+        pre=Preconditions(version=snap.version),
+    )
+
+
+# --- supervisor tick -------------------------------------------------------------------
+
+
+def _demand(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
+    """The non-resident member with the most live waiters (ties: config order)."""
+    best: str | None = None
+    for member in policy.members:
+        if member == snap.resident or snap.live_waiters(member) == 0:
+            continue
+        if best is None or snap.live_waiters(member) > snap.live_waiters(best):
+            best = member
+    return best
+
+
+def decide_tick(
+    snap: PoolSnapshot, policy: PoolPolicy, controller: str, *, slots_busy: bool | None = None
+) -> Decision:
+    """Move the pool forward without a request: start, retarget, cancel, take over, warm."""
+    if snap.phase == Phase.UNKNOWN:
+        return NOTHING
+    if snap.phase in IN_FLIGHT:
+        return _maybe_take_over(snap, policy, controller)
+    demand = _demand(snap, policy)
+    if snap.phase == Phase.DRAINING:
+        if snap.target is None or snap.live_waiters(snap.target) == 0:
+            if demand is not None:
+                return Decision(
+                    ops=(SetState({"target": demand}),), pre=Preconditions(version=snap.version)
+                )
+            return Decision(
+                ops=(SetState({"phase": Phase.IDLE.value, "target": ""}),),
+                pre=Preconditions(
+                    version=snap.version, zero_waiters=(snap.target,) if snap.target else ()
+                ),
+                audit=(
+                    AuditIntent(
+                        PoolOutcome.SWAP_CANCELLED,
+                        member=snap.target,
+                        from_member=snap.resident,
+                        to_member=snap.target,
+                        epoch=snap.epoch,
+                        reason="demand_gone_while_draining",
+                    ),
+                ),
+            )
+        demand = snap.target
+    if demand is None:
+        if snap.resident is None and policy.default and snap.failures.get(policy.default, 0) <= 0:
+            state, pre, order, audit = _start_swap(
+                snap, policy, policy.default, controller, forced=True, reason="warm_default"
+            )
+            return Decision(ops=(state,), pre=pre, swap=order, audit=(audit,))
+        return NOTHING
+    if incumbent_busy(snap, slots_busy):
+        if snap.phase == Phase.IDLE:
+            return Decision(
+                ops=(SetState({"phase": Phase.DRAINING.value, "target": demand}),),
+                pre=Preconditions(version=snap.version),
+            )
+        return NOTHING
+    if _needs_slots(snap, policy, slots_busy):
+        return Decision(need_idle_check=snap.resident)
+    state, pre, order, audit = _start_swap(snap, policy, demand, controller)
+    return Decision(ops=(state,), pre=pre, swap=order, audit=(audit,))
+
+
+def _maybe_take_over(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> Decision:
+    if snap.heartbeat_ms >= snap.now_ms or snap.target is None:
+        return NOTHING
+    epoch = next_epoch(snap)
+    return Decision(
+        ops=(
+            SetState(
+                {
+                    "phase": Phase.UNLOADING.value,
+                    "epoch": str(epoch),
+                    "owner": controller,
+                    "heartbeat": str(snap.now_ms + policy.heartbeat_ttl_ms),
+                }
+            ),
+        ),
+        pre=Preconditions(version=snap.version),
+        swap=SwapOrder(target=snap.target, epoch=epoch, from_member=snap.from_member, resume=True),
+    )
+
+
+# --- swap steps (run by the swap's owner) ------------------------------------------------
+
+
+def _owns(snap: PoolSnapshot, epoch: int, controller: str) -> bool:
+    return snap.phase in IN_FLIGHT and snap.epoch == epoch and snap.owner == controller
+
+
+def _ownership(epoch: int, controller: str) -> dict[str, str]:
+    return {"epoch": str(epoch), "owner": controller}
+
+
+def decide_heartbeat(
+    snap: PoolSnapshot, policy: PoolPolicy, epoch: int, controller: str
+) -> Decision | None:
+    """Extend the owner's claim; ``None`` when the swap is no longer ours."""
+    if not _owns(snap, epoch, controller):
+        return None
+    return Decision(
+        ops=(SetState({"heartbeat": str(snap.now_ms + policy.heartbeat_ttl_ms)}, bump=False),),
+        pre=Preconditions(state_equals=_ownership(epoch, controller)),
+    )
+
+
+def decide_begin_load(snap: PoolSnapshot, epoch: int, controller: str) -> Decision | None:
+    """After the unloads: load the target, or cancel if its demand is gone."""
+    if not _owns(snap, epoch, controller) or snap.target is None:
+        return None
+    if not snap.forced and snap.live_waiters(snap.target) == 0:
+        return Decision(
+            ops=(_cold_state(),),
+            pre=Preconditions(
+                state_equals=_ownership(epoch, controller), zero_waiters=(snap.target,)
+            ),
+            audit=(
+                AuditIntent(
+                    PoolOutcome.SWAP_CANCELLED,
+                    member=snap.target,
+                    from_member=snap.from_member,
+                    to_member=snap.target,
+                    epoch=epoch,
+                    reason="demand_gone_before_load",
+                ),
+            ),
+        )
+    return Decision(
+        ops=(SetState({"phase": Phase.LOADING.value}),),
+        pre=Preconditions(state_equals=_ownership(epoch, controller)),
+    )
+
+
+def _cold_state() -> SetState:
+    return SetState(
+        {
+            "phase": Phase.IDLE.value,
+            "resident": "",
+            "target": "",
+            "from": "",
+            "owner": "",
+            "forced": "",
+        }
+    )
+
+
+def decide_commit(snap: PoolSnapshot, epoch: int, controller: str) -> Decision | None:
+    """The target is ready: it becomes the resident."""
+    if not _owns(snap, epoch, controller) or snap.target is None:
+        return None
+    seconds = max(0.0, (snap.now_ms - snap.started_ms) / 1000)
+    return Decision(
+        ops=(
+            SetState(
+                {
+                    "phase": Phase.IDLE.value,
+                    "resident": snap.target,
+                    "target": "",
+                    "from": "",
+                    "owner": "",
+                    "forced": "",
+                }
+            ),
+            RecordSwapTime(seconds),
+        ),
+        pre=Preconditions(state_equals=_ownership(epoch, controller)),
+        audit=(
+            AuditIntent(
+                PoolOutcome.SWAP_COMPLETED,
+                member=snap.target,
+                from_member=snap.from_member,
+                to_member=snap.target,
+                epoch=epoch,
+            ),
+        ),
+    )
+
+
+def decide_fail(
+    snap: PoolSnapshot, policy: PoolPolicy, epoch: int, controller: str, reason: str
+) -> Decision | None:
+    """The swap failed or timed out (the target is already unloaded): pool cold, waiters told."""
+    if not _owns(snap, epoch, controller) or snap.target is None:
+        return None
+    return Decision(
+        ops=(
+            _cold_state(),
+            ClearWaiters(snap.target),
+            SetFailure(snap.target, reason, policy.failure_backoff_ms),
+        ),
+        pre=Preconditions(state_equals=_ownership(epoch, controller)),
+        audit=(
+            AuditIntent(
+                PoolOutcome.SWAP_FAILED,
+                member=snap.target,
+                from_member=snap.from_member,
+                to_member=snap.target,
+                epoch=epoch,
+                reason=reason,
+            ),
+        ),
+    )
+
+
+def decide_resident_lost(snap: PoolSnapshot, member: str, reason: str) -> Decision:
+    """The resident is dead out of band: forget it so the next acquire recovers."""
+    if snap.resident != member or snap.phase not in {Phase.IDLE, Phase.DRAINING}:
+        return NOTHING
+    return Decision(
+        ops=(
+            SetState(
+                {
+                    "phase": Phase.IDLE.value,
+                    "resident": "",
+                    "target": "",
+                    "epoch": str(next_epoch(snap)),
+                }
+            ),
+        ),
+        pre=Preconditions(version=snap.version),
+        audit=(
+            AuditIntent(PoolOutcome.RESIDENT_LOST, member=member, epoch=snap.epoch, reason=reason),
+        ),
+    )
+
+
+def decide_rebuild(snap: PoolSnapshot, ready: tuple[str, ...]) -> Decision:
+    """State was lost: take residency from what the drivers report as running."""
+    if snap.phase != Phase.UNKNOWN:
+        return NOTHING
+    resident = ready[0] if len(ready) == 1 else ""
+    return Decision(
+        ops=(
+            SetState(
+                {
+                    "phase": Phase.IDLE.value,
+                    "resident": resident,
+                    "target": "",
+                    "from": "",
+                    "owner": "",
+                    "forced": "",
+                    "epoch": str(next_epoch(snap)),
+                }
+            ),
+        ),
+        pre=Preconditions(state_missing=True),
+    )

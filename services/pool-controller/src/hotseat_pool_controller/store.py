@@ -1,0 +1,293 @@
+"""The one module that reads and writes pool state in Redis.
+
+Reads are one snapshot script; writes apply a pure :class:`~.state.Decision` with one
+compare-and-apply script that checks the decision's preconditions first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+
+from hotseat_common.keys import Keys
+from hotseat_common.messages import ErrorReply, PoolView
+from hotseat_pool_controller import scripts
+from hotseat_pool_controller.state import (
+    AddLease,
+    AddWaiter,
+    ClearWaiters,
+    Decision,
+    Op,
+    Phase,
+    PoolPolicy,
+    PoolSnapshot,
+    RecordSwapTime,
+    RemoveWaiter,
+    RequestLease,
+    SetFailure,
+    SetState,
+    retry_after_s,
+)
+
+SWAP_TIMES_KEPT = 10
+MAX_ATTEMPTS = 50
+
+
+class Applied(Enum):
+    OK = 1
+    CONFLICT = 0
+    QUEUE_FULL = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredLease:
+    lease_id: str
+    member: str
+    request_id: str | None
+    router: str | None
+
+
+class ConflictError(RuntimeError):
+    """A decision kept losing races; should not happen outside pathological contention."""
+
+
+class PoolStore:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, policy: PoolPolicy) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.policy = policy
+        pool = policy.name
+        self._state = keys.pool_state(pool)
+        self._lease_meta = keys.pool_lease_meta(pool)
+        self._request_leases = keys.pool_request_leases(pool)
+        self._swap_times = keys.pool_swap_times(pool)
+        self._member_keys = [
+            {
+                "name": m,
+                "leases": keys.pool_leases(pool, m),
+                "waiters": keys.pool_waiters(pool, m),
+                "failure": keys.pool_failure(pool, m),
+            }
+            for m in policy.members
+        ]
+        self._lease_keys = {m: keys.pool_leases(pool, m) for m in policy.members}
+        self._snapshot = redis.register_script(scripts.SNAPSHOT)
+        self._apply = redis.register_script(scripts.APPLY)
+        self._renew = redis.register_script(scripts.RENEW)
+        self._release = redis.register_script(scripts.RELEASE)
+        self._reap = redis.register_script(scripts.REAP)
+
+    # --- reads --------------------------------------------------------------------
+
+    async def snapshot(self, request_id: str = "") -> PoolSnapshot:
+        spec = {
+            "state": self._state,
+            "members": self._member_keys,
+            "request_id": request_id,
+            "request_leases": self._request_leases,
+            "lease_meta": self._lease_meta,
+            "lease_keys": self._lease_keys,
+            "swap_times": self._swap_times,
+        }
+        raw = await self._snapshot(keys=[self._state], args=[json.dumps(spec)])
+        return _parse_snapshot(orjson.loads(raw))
+
+    async def view(self) -> PoolView:
+        snap = await self.snapshot()
+        return PoolView(
+            name=self.policy.name,
+            resident=snap.resident,
+            swapping=snap.target,
+            phase=snap.phase.value,
+            epoch=snap.epoch,
+            leases={m: snap.live_leases(m) for m in self.policy.members},
+            waiters={m: snap.live_waiters(m) for m in self.policy.members},
+        )
+
+    # --- decisions ----------------------------------------------------------------
+
+    async def apply(self, decision: Decision) -> Applied:
+        if not decision.ops:
+            return Applied.OK
+        pre = decision.pre
+        pre_spec: dict[str, Any] = {
+            "state_equals": dict(pre.state_equals),
+            "zero_leases": [self._lease_keys[m] for m in pre.zero_leases],
+            "zero_waiters": [self.keys.pool_waiters(self.policy.name, m) for m in pre.zero_waiters],
+        }
+        if pre.state_missing:
+            pre_spec["state_missing"] = True
+        if pre.version is not None:
+            pre_spec["version"] = pre.version
+        if pre.waiter_cap is not None:
+            pre_spec["waiter_cap"] = pre.waiter_cap
+            pre_spec["waiter_keys"] = [m["waiters"] for m in self._member_keys]
+        spec = {
+            "state": self._state,
+            "pre": pre_spec,
+            "ops": [self._encode(op) for op in decision.ops],
+        }
+        result = await self._apply(keys=[self._state], args=[json.dumps(spec)])
+        return Applied(int(result))
+
+    async def decide(
+        self, decide: Callable[[PoolSnapshot], Decision], request_id: str = ""
+    ) -> tuple[Decision, PoolSnapshot]:
+        """Snapshot, decide, apply; again from a fresh snapshot while a precondition broke."""
+        for _ in range(MAX_ATTEMPTS):
+            snap = await self.snapshot(request_id)
+            decision = decide(snap)
+            applied = await self.apply(decision)
+            if applied is Applied.OK:
+                return decision, snap
+            if applied is Applied.QUEUE_FULL:
+                full = ErrorReply(
+                    code="pool_queue_full",
+                    message=f"pool {self.policy.name} holds maxWaiters requests",
+                    retry_after_s=retry_after_s(snap),
+                )
+                return Decision(reply=full), snap
+        raise ConflictError(f"pool {self.policy.name}: decision lost {MAX_ATTEMPTS} races")
+
+    def _encode(self, op: Op) -> dict[str, Any]:  # noqa: PLR0911 - one case per op kind
+        pool = self.policy.name
+        match op:
+            case SetState(fields=fields, bump=bump):
+                return {"op": "hset", "fields": dict(fields), "bump": bump}
+            case AddLease():
+                return {
+                    "op": "lease",
+                    "key": self._lease_keys[op.member],
+                    "expiry": op.expiry_ms,
+                    "id": op.lease_id,
+                    "meta_key": self._lease_meta,
+                    "meta": op.meta,
+                    "request_key": self._request_leases,
+                    "request_id": op.request_id,
+                }
+            case AddWaiter():
+                return {
+                    "op": "zadd",
+                    "key": self.keys.pool_waiters(pool, op.member),
+                    "score": op.deadline_ms,
+                    "member": op.request_id,
+                }
+            case RemoveWaiter():
+                return {
+                    "op": "zrem",
+                    "key": self.keys.pool_waiters(pool, op.member),
+                    "member": op.request_id,
+                }
+            case ClearWaiters():
+                return {"op": "del", "key": self.keys.pool_waiters(pool, op.member)}
+            case SetFailure():
+                return {
+                    "op": "setpx",
+                    "key": self.keys.pool_failure(pool, op.member),
+                    "value": op.reason,
+                    "px": op.ttl_ms,
+                }
+            case RecordSwapTime():
+                return {
+                    "op": "lpush_trim",
+                    "key": self._swap_times,
+                    "value": f"{op.seconds:.3f}",
+                    "keep": SWAP_TIMES_KEPT,
+                }
+
+    # --- leases and waiters ---------------------------------------------------------
+
+    async def renew(self, member: str, lease_id: str) -> bool:
+        key = self._lease_keys.get(member)
+        if key is None:
+            return False
+        result = await self._renew(keys=[key], args=[lease_id, self.policy.lease_ttl_ms])
+        return bool(result)
+
+    async def release(self, member: str, lease_id: str) -> bool:
+        key = self._lease_keys.get(member)
+        if key is None:
+            return False
+        result = await self._release(
+            keys=[key, self._lease_meta, self._request_leases], args=[lease_id]
+        )
+        return bool(result)
+
+    async def cancel(self, member: str, request_id: str) -> bool:
+        if member not in self._lease_keys:
+            return False
+        removed = await self.redis.zrem(
+            self.keys.pool_waiters(self.policy.name, member), request_id
+        )
+        return bool(removed)
+
+    async def reap(self) -> list[ExpiredLease]:
+        """Remove expired leases (returned, to be audited) and expired waiters."""
+        spec = {
+            "members": self._member_keys,
+            "lease_meta": self._lease_meta,
+            "request_leases": self._request_leases,
+        }
+        raw = await self._reap(keys=[self._state], args=[json.dumps(spec)])
+        expired: list[ExpiredLease] = []
+        for item in orjson.loads(raw):
+            meta = orjson.loads(item["meta"]) if item.get("meta") else {}
+            expired.append(
+                ExpiredLease(
+                    lease_id=item["id"],
+                    member=item["member"],
+                    request_id=meta.get("request_id"),
+                    router=meta.get("router"),
+                )
+            )
+        return expired
+
+    async def reset(self) -> None:
+        """Delete every key of this pool (tests and ``unload`` of a broken pool)."""
+        keys = [self._state, self._lease_meta, self._request_leases, self._swap_times]
+        for member in self._member_keys:
+            keys += [member["leases"], member["waiters"], member["failure"]]
+        await self.redis.delete(*keys)
+
+
+def _parse_snapshot(raw: dict[str, Any]) -> PoolSnapshot:
+    flat = raw.get("state") or []
+    state = dict(zip(flat[::2], flat[1::2], strict=True)) if isinstance(flat, list) else {}
+    members = raw.get("members") or []
+    if isinstance(members, dict):  # cjson encodes an empty array as {}
+        members = []
+    lease = raw.get("lease")
+    swap_times = raw.get("swap_times") or []
+    if isinstance(swap_times, dict):
+        swap_times = []
+    phase = Phase(state["phase"]) if state.get("phase") else Phase.UNKNOWN
+    return PoolSnapshot(
+        now_ms=int(raw["now"]),
+        phase=phase,
+        resident=state.get("resident") or None,
+        target=state.get("target") or None,
+        from_member=state.get("from") or None,
+        epoch=int(state.get("epoch") or 0),
+        version=int(state.get("version") or 0),
+        owner=state.get("owner") or None,
+        heartbeat_ms=int(state.get("heartbeat") or 0),
+        started_ms=int(state.get("started") or 0),
+        deadline_ms=int(state.get("deadline") or 0),
+        forced=bool(state.get("forced")),
+        leases={m["name"]: int(m["leases"]) for m in members},
+        waiters={m["name"]: int(m["waiters"]) for m in members},
+        failures={m["name"]: int(m["failure"]) for m in members if int(m["failure"]) > 0},
+        swap_times=tuple(float(s) for s in swap_times),
+        request_lease=(
+            RequestLease(member=lease["member"], lease_id=lease["id"], epoch=int(lease["epoch"]))
+            if isinstance(lease, dict)
+            else None
+        ),
+        request_waiting=any(int(m.get("waiting", 0)) for m in members),
+    )
