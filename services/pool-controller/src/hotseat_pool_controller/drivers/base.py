@@ -1,0 +1,44 @@
+"""The one small interface every residency driver implements.
+
+Contract (the controller's safety rests on it):
+- ``unload`` returns only once the member is confirmed gone (process exited, memory freed,
+  port closed); it is idempotent and cheap when the member is already unloaded.
+- ``load`` returns only once the member is ready to serve; it is idempotent. The caller
+  bounds it with the swap's deadline (cancellation must leave nothing half-started that
+  a later ``unload`` cannot stop).
+- ``is_idle`` answers from the backend's own view (``/slots``); it raises
+  :class:`DriverError` when it cannot tell, and the controller then treats the member as
+  busy (fail closed).
+- ``epoch`` is the swap's fencing token; drivers that can pass it on (the sim) do, so a
+  stale controller's commands are refused by the backend itself.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from hotseat_common.errors import HotseatError
+
+
+class DriverError(HotseatError):
+    """A driver could not do or confirm what was asked."""
+
+    code = "driver_error"
+
+
+class ResidencyDriver(Protocol):
+    async def load(self, member: str, *, epoch: int) -> None: ...
+
+    async def unload(self, member: str, *, epoch: int) -> None: ...
+
+    async def is_ready(self, member: str) -> bool:
+        """True when the member answers its health check as ready to serve."""
+        ...
+
+    async def is_idle(self, member: str) -> bool: ...
+
+    async def residency(self) -> dict[str, bool]:
+        """Member -> whether it is loaded right now (ready or on its way), for rebuilding."""
+        ...
+
+    async def aclose(self) -> None: ...

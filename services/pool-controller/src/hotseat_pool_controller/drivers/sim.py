@@ -1,0 +1,104 @@
+"""The ``sim`` driver: drives Hotseat's sim backends through their control API."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from hotseat_common.config.model import HotseatConfig, Pool
+from hotseat_pool_controller.drivers.base import DriverError
+
+POLL_INTERVAL_S = 0.02
+HTTP_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
+LOADED_STATES = frozenset({"ready", "loading", "unloading"})
+
+
+class SimDriver:
+    def __init__(self, config: HotseatConfig, pool: Pool) -> None:
+        self._addresses: dict[str, str] = {}
+        for member in pool.members:
+            backend = config.member_backend(pool.name, member.name)
+            if backend is not None:
+                self._addresses[member.name] = backend.address
+        self._client = httpx.AsyncClient(
+            timeout=HTTP_TIMEOUT, limits=httpx.Limits(max_connections=32)
+        )
+
+    def _url(self, member: str, path: str) -> str:
+        try:
+            return self._addresses[member] + path
+        except KeyError:
+            raise DriverError(f"member {member!r} has no backend address") from None
+
+    async def _state(self, member: str) -> dict[str, object]:
+        response = await self._client.get(self._url(member, "/control/state"))
+        response.raise_for_status()
+        state: dict[str, object] = response.json()
+        return state
+
+    async def _command(self, member: str, action: str, epoch: int) -> None:
+        try:
+            response = await self._client.post(
+                self._url(member, f"/control/{action}"), json={"epoch": epoch}
+            )
+        except httpx.HTTPError as exc:
+            raise DriverError(f"{action} {member}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            raise DriverError(f"{action} {member}: HTTP {response.status_code} {response.text}")
+
+    async def _wait_for(self, member: str, wanted: str, *, failed_ok: bool) -> None:
+        while True:
+            try:
+                state = await self._state(member)
+            except httpx.HTTPError as exc:
+                raise DriverError(f"{member}: state unavailable: {exc}") from exc
+            current = state.get("state")
+            if current == wanted or (failed_ok and current == "failed"):
+                return
+            if current == "failed":
+                raise DriverError(f"{member}: load failed: {state.get('error')}")
+            await asyncio.sleep(POLL_INTERVAL_S)
+
+    async def load(self, member: str, *, epoch: int) -> None:
+        await self._command(member, "load", epoch)
+        await self._wait_for(member, "ready", failed_ok=False)
+
+    async def unload(self, member: str, *, epoch: int) -> None:
+        try:
+            await self._command(member, "unload", epoch)
+        except DriverError as exc:
+            if isinstance(exc.__cause__, httpx.ConnectError):
+                return  # nothing listens there: the sim process is gone, and its model with it
+            raise
+        await self._wait_for(member, "unloaded", failed_ok=True)
+
+    async def is_ready(self, member: str) -> bool:
+        try:
+            response = await self._client.get(self._url(member, "/health"))
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def is_idle(self, member: str) -> bool:
+        try:
+            response = await self._client.get(self._url(member, "/slots"))
+            response.raise_for_status()
+            slots = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise DriverError(f"{member}: /slots unavailable: {exc}") from exc
+        return not any(slot.get("is_processing") for slot in slots)
+
+    async def residency(self) -> dict[str, bool]:
+        result: dict[str, bool] = {}
+        for member in self._addresses:
+            try:
+                state = await self._state(member)
+            except httpx.HTTPError:
+                result[member] = False
+                continue
+            result[member] = state.get("state") in LOADED_STATES
+        return result
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
