@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
-from pydantic import Field, SecretStr
+from pydantic import BeforeValidator, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from hotseat_common.durations import parse_duration
 from hotseat_common.keys import DEFAULT_KEY_PREFIX
 from hotseat_common.subjects import DEFAULT_AUDIT_STREAM, DEFAULT_PREFIX
 
@@ -57,7 +58,23 @@ class RedisSettings(BaseSettings):
     key_prefix: str = Field(default=DEFAULT_KEY_PREFIX, description="Prefix of Redis keys")
 
 
-def _flag_type(annotation: Any) -> Any:
+def _setting_duration(value: object) -> float:
+    if isinstance(value, str):
+        try:
+            return parse_duration(float(value))
+        except ValueError:
+            pass
+    return parse_duration(value)
+
+
+SettingDuration = Annotated[float, BeforeValidator(_setting_duration)]
+"""Seconds from a flag or variable, written as plain seconds (``300``) or a duration
+(``300s``, ``2m``, ``1h30m``)."""
+
+
+def _flag_type(annotation: Any, metadata: Sequence[Any] = ()) -> Any:
+    if any(isinstance(m, BeforeValidator) and m.func is _setting_duration for m in metadata):
+        return str  # parsed by the model, so "2m" works as well as "120"
     args = [a for a in get_args(annotation) if a is not type(None)]
     if get_origin(annotation) is Literal:
         return str
@@ -75,12 +92,13 @@ def load_settings(
     parser = argparse.ArgumentParser(prog=prog, description=description)
     for name, field in cls.model_fields.items():
         flag = "--" + name.replace("_", "-")
-        env = "HOTSEAT_" + name.upper()
+        alias = field.validation_alias
+        env = alias if isinstance(alias, str) else "HOTSEAT_" + name.upper()
         choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else None
         parser.add_argument(
             flag,
             dest=name,
-            type=_flag_type(field.annotation),
+            type=_flag_type(field.annotation, field.metadata),
             choices=choices,
             default=None,
             help=f"{field.description or name} (env {env})",

@@ -1,0 +1,1 @@
+"""Hotseat audit service: durable JetStream consumer, exactly-once store, query API."""

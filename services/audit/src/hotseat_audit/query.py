@@ -1,0 +1,135 @@
+"""What a caller may ask the store: event filters, keyset cursors and summaries.
+
+Pages are ordered newest first by ``(time, id)``. A cursor is the position of the last
+event of a page plus a fingerprint of the filters it was made for, encoded as opaque
+URL-safe text; a cursor presented with other filters is refused rather than silently
+paging through a different result set.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import orjson
+
+from hotseat_common.messages.audit import PoolOutcome, RequestOutcome
+
+FILTER_FIELDS = ("outcome", "kind", "pool", "member", "router", "rule", "request_id")
+"""Event columns a query may filter on by equality (several values mean any of them)."""
+
+OUTCOMES = frozenset(o.value for o in RequestOutcome) | frozenset(o.value for o in PoolOutcome)
+KINDS = frozenset({"request", "pool"})
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
+
+
+class InvalidCursor(ValueError):
+    """The cursor is not one this service issued for these filters."""
+
+
+def as_utc(moment: datetime) -> datetime:
+    """Read a naive timestamp as UTC; convert an aware one to UTC."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def to_micros(moment: datetime) -> int:
+    return (as_utc(moment) - EPOCH) // MICROSECOND
+
+
+def from_micros(micros: int) -> datetime:
+    return EPOCH + timedelta(microseconds=micros)
+
+
+@dataclass(frozen=True, slots=True)
+class EventFilter:
+    """Equality filters (OR within a field, AND across fields) and a half-open time window."""
+
+    outcome: tuple[str, ...] = ()
+    kind: tuple[str, ...] = ()
+    pool: tuple[str, ...] = ()
+    member: tuple[str, ...] = ()
+    router: tuple[str, ...] = ()
+    rule: tuple[str, ...] = ()
+    request_id: tuple[str, ...] = ()
+    since: datetime | None = None
+    """Inclusive lower bound on the event time."""
+    until: datetime | None = None
+    """Exclusive upper bound on the event time."""
+
+    def equalities(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The filtered columns with their accepted values, in a fixed order."""
+        return [(name, values) for name in FILTER_FIELDS if (values := getattr(self, name))]
+
+    def fingerprint(self) -> str:
+        """A short digest that changes whenever the filters change."""
+        canonical = {
+            "eq": {name: sorted(values) for name, values in self.equalities()},
+            "since": to_micros(self.since) if self.since else None,
+            "until": to_micros(self.until) if self.until else None,
+        }
+        return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """The position just after the last event of a page (newest first)."""
+
+    time: datetime
+    id: str
+
+    def encode(self, filters: EventFilter) -> str:
+        raw = orjson.dumps({"t": to_micros(self.time), "i": self.id, "f": filters.fingerprint()})
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str, filters: EventFilter) -> Cursor:
+        try:
+            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+            data = orjson.loads(raw)
+            micros, event_id, fingerprint = data["t"], data["i"], data["f"]
+        except (binascii.Error, ValueError, TypeError, KeyError) as exc:
+            raise InvalidCursor("cursor is not valid: pass the `next` value of a page") from exc
+        if not (isinstance(micros, int) and isinstance(event_id, str)):
+            raise InvalidCursor("cursor is not valid: pass the `next` value of a page")
+        if fingerprint != filters.fingerprint():
+            raise InvalidCursor("cursor was issued for different filters: repeat the same filters")
+        return cls(time=from_micros(micros), id=event_id)
+
+
+@dataclass(slots=True)
+class PoolMemberCount:
+    pool: str
+    member: str | None
+    total: int = 0
+    by_outcome: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(slots=True)
+class Summary:
+    """Counts of stored events in a window, by outcome and by pool/member."""
+
+    since: datetime
+    until: datetime
+    total: int = 0
+    by_outcome: Counter[str] = field(default_factory=Counter)
+    by_kind: Counter[str] = field(default_factory=Counter)
+    by_pool: dict[tuple[str, str | None], PoolMemberCount] = field(default_factory=dict)
+
+    def add(self, kind: str, outcome: str, pool: str | None, member: str | None, n: int) -> None:
+        self.total += n
+        self.by_outcome[outcome] += n
+        self.by_kind[kind] += n
+        if pool is not None:
+            entry = self.by_pool.get((pool, member))
+            if entry is None:
+                entry = self.by_pool[(pool, member)] = PoolMemberCount(pool, member)
+            entry.total += n
+            entry.by_outcome[outcome] += n

@@ -1,0 +1,129 @@
+"""Helpers for audit tests: building events, publishing them fast, reading stores raw."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+from nats.js.errors import NotFoundError
+
+from hotseat_audit.store import parse_dsn
+from hotseat_common.messages.audit import AuditEvent, PoolOutcome, RequestOutcome
+from hotseat_common.subjects import Subjects
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def request_events(
+    n: int, *, start: datetime = T0, step: timedelta = timedelta(seconds=1)
+) -> list[AuditEvent]:
+    """``n`` served request events one ``step`` apart."""
+    return [
+        AuditEvent(
+            kind="request",
+            outcome=RequestOutcome.SERVED,
+            time=start + i * step,
+            request_id=f"req-{i}",
+            router="r1",
+            rule="default",
+            pool="gpu0",
+            member="assistant",
+            backend="assistant",
+            status=200,
+            duration_ms=12.5,
+        )
+        for i in range(n)
+    ]
+
+
+def pool_event(outcome: PoolOutcome, when: datetime, **fields: object) -> AuditEvent:
+    return AuditEvent.model_validate(
+        {"kind": "pool", "outcome": outcome.value, "time": when, **fields}
+    )
+
+
+async def publish_events(
+    js: JetStreamContext, subjects: Subjects, events: Iterable[AuditEvent]
+) -> list[PubAck]:
+    """Publish with ``Nats-Msg-Id`` = event id and concurrent publish acks; all must be acked."""
+    futures = [
+        await js.publish_async(
+            subjects.audit(e.kind, e.outcome), e.to_bytes(), headers={"Nats-Msg-Id": e.id}
+        )
+        for e in events
+    ]
+    return list(await asyncio.wait_for(asyncio.gather(*futures), timeout=60))
+
+
+async def publish_raw(
+    js: JetStreamContext, subject: str, payloads: Sequence[bytes]
+) -> list[PubAck]:
+    return [await js.publish(subject, p, timeout=5) for p in payloads]
+
+
+def _sql(dsn: str, query: str) -> list[tuple[object, ...]]:
+    target = parse_dsn(dsn)
+    if target.kind == "sqlite":
+        with sqlite3.connect(target.location) as conn:
+            return list(conn.execute(query).fetchall())
+    with psycopg.connect(target.location) as conn:
+        return list(conn.execute(query).fetchall())  # type: ignore[arg-type]
+
+
+async def raw_rows(dsn: str, query: str) -> list[tuple[object, ...]]:
+    """Run ``query`` on the store behind ``dsn`` with a plain driver, not the store code."""
+    return await asyncio.to_thread(_sql, dsn, query)
+
+
+async def counts(dsn: str) -> tuple[int, int]:
+    """(rows, distinct ids) in the events table."""
+    try:
+        rows = await raw_rows(dsn, "SELECT count(*), count(DISTINCT id) FROM audit_events")
+    except (sqlite3.OperationalError, psycopg.errors.UndefinedTable):
+        return 0, 0
+    total, distinct = rows[0]
+    return int(total), int(distinct)  # type: ignore[call-overload]
+
+
+async def stored_ids(dsn: str) -> set[str]:
+    return {str(row[0]) for row in await raw_rows(dsn, "SELECT id FROM audit_events")}
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[bool]], *, timeout: float, what: str, interval: float = 0.05
+) -> None:
+    """Poll ``check`` until true (no event exists for rows landing in a database)."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def wait_for_rows(dsn: str, expected: int, *, timeout: float = 60) -> None:
+    async def done() -> bool:
+        return (await counts(dsn))[0] >= expected
+
+    await wait_until(done, timeout=timeout, what=f"{expected} rows")
+
+
+async def wait_consumed(
+    js: JetStreamContext, stream: str, consumer: str, last_seq: int, *, timeout: float = 60
+) -> None:
+    """Wait until the consumer's ack floor reaches ``last_seq``: rows are committed before
+    acks, so every message up to it is in the store."""
+
+    async def done() -> bool:
+        try:
+            info = await js.consumer_info(stream, consumer, timeout=2)
+        except (NotFoundError, TimeoutError):  # not created yet, or a slow reply
+            return False
+        return info.ack_floor is not None and (info.ack_floor.stream_seq or 0) >= last_seq
+
+    await wait_until(done, timeout=timeout, what=f"{consumer} to ack stream seq {last_seq}")
