@@ -88,6 +88,8 @@ class PoolSnapshot:
     started_ms: int = 0
     deadline_ms: int = 0
     forced: bool = False
+    parked: bool = False
+    """An admin unloaded the pool: do not warm the default member until demand arrives."""
     leases: Mapping[str, int] = field(default_factory=dict)
     waiters: Mapping[str, int] = field(default_factory=dict)
     failures: Mapping[str, int] = field(default_factory=dict)
@@ -308,6 +310,7 @@ def _start_swap(
             "started": str(snap.now_ms),
             "deadline": str(snap.now_ms + policy.swap_timeout_ms),
             "forced": "1" if forced else "",
+            "parked": "",
         }
     )
     busy_guard = (snap.resident,) if snap.resident else ()
@@ -496,7 +499,12 @@ def decide_tick(
             )
         demand = snap.target
     if demand is None:
-        if snap.resident is None and policy.default and snap.failures.get(policy.default, 0) <= 0:
+        if (
+            snap.resident is None
+            and not snap.parked
+            and policy.default
+            and snap.failures.get(policy.default, 0) <= 0
+        ):
             state, pre, order, audit = _start_swap(
                 snap, policy, policy.default, controller, forced=True, reason="warm_default"
             )
@@ -516,7 +524,7 @@ def decide_tick(
 
 
 def _maybe_take_over(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> Decision:
-    if snap.heartbeat_ms >= snap.now_ms or snap.target is None:
+    if snap.heartbeat_ms >= snap.now_ms:
         return NOTHING
     epoch = next_epoch(snap)
     return Decision(
@@ -531,7 +539,9 @@ def _maybe_take_over(snap: PoolSnapshot, policy: PoolPolicy, controller: str) ->
             ),
         ),
         pre=Preconditions(version=snap.version),
-        swap=SwapOrder(target=snap.target, epoch=epoch, from_member=snap.from_member, resume=True),
+        swap=SwapOrder(
+            target=snap.target or "", epoch=epoch, from_member=snap.from_member, resume=True
+        ),
     )
 
 
@@ -560,8 +570,13 @@ def decide_heartbeat(
 
 def decide_begin_load(snap: PoolSnapshot, epoch: int, controller: str) -> Decision | None:
     """After the unloads: load the target, or cancel if its demand is gone."""
-    if not _owns(snap, epoch, controller) or snap.target is None:
+    if not _owns(snap, epoch, controller):
         return None
+    if snap.target is None:  # an unload-only swap (admin): nothing to load
+        return Decision(
+            ops=(SetState({"phase": Phase.LOADING.value}),),
+            pre=Preconditions(state_equals=_ownership(epoch, controller)),
+        )
     if not snap.forced and snap.live_waiters(snap.target) == 0:
         return Decision(
             ops=(_cold_state(),),
@@ -599,8 +614,8 @@ def _cold_state() -> SetState:
 
 
 def decide_commit(snap: PoolSnapshot, epoch: int, controller: str) -> Decision | None:
-    """The target is ready: it becomes the resident."""
-    if not _owns(snap, epoch, controller) or snap.target is None:
+    """The target is ready (or, unload-only, everything is gone): it becomes the resident."""
+    if not _owns(snap, epoch, controller):
         return None
     seconds = max(0.0, (snap.now_ms - snap.started_ms) / 1000)
     return Decision(
@@ -608,7 +623,7 @@ def decide_commit(snap: PoolSnapshot, epoch: int, controller: str) -> Decision |
             SetState(
                 {
                     "phase": Phase.IDLE.value,
-                    "resident": snap.target,
+                    "resident": snap.target or "",
                     "target": "",
                     "from": "",
                     "owner": "",
@@ -634,8 +649,21 @@ def decide_fail(
     snap: PoolSnapshot, policy: PoolPolicy, epoch: int, controller: str, reason: str
 ) -> Decision | None:
     """The swap failed or timed out (the target is already unloaded): pool cold, waiters told."""
-    if not _owns(snap, epoch, controller) or snap.target is None:
+    if not _owns(snap, epoch, controller):
         return None
+    if snap.target is None:  # an unload-only swap failed: nothing is known to be resident
+        return Decision(
+            ops=(_cold_state(),),
+            pre=Preconditions(state_equals=_ownership(epoch, controller)),
+            audit=(
+                AuditIntent(
+                    PoolOutcome.SWAP_FAILED,
+                    from_member=snap.from_member,
+                    epoch=epoch,
+                    reason=reason,
+                ),
+            ),
+        )
     return Decision(
         ops=(
             _cold_state(),
@@ -698,4 +726,95 @@ def decide_rebuild(snap: PoolSnapshot, ready: tuple[str, ...]) -> Decision:
             ),
         ),
         pre=Preconditions(state_missing=True),
+    )
+
+
+# --- admin actions ----------------------------------------------------------------------
+
+
+def decide_admin_swap(
+    snap: PoolSnapshot, member: str, controller: str, policy: PoolPolicy
+) -> Decision:
+    """An operator forces ``member`` in. Refused while a swap runs or the incumbent serves."""
+    if member not in policy.members:
+        return Decision(reply=ErrorReply(code="unknown_member", message=f"no member {member!r}"))
+    if snap.phase == Phase.UNKNOWN or snap.phase in IN_FLIGHT:
+        return Decision(
+            reply=ErrorReply(code="swap_in_flight", message=f"pool is {snap.phase.value}")
+        )
+    if snap.resident == member:
+        return Decision(
+            reply=WaitReply(reason="swap_in_flight", target=None, epoch=snap.epoch, retry_after_s=0)
+        )
+    if snap.live_leases(snap.resident) > 0:
+        return Decision(
+            reply=ErrorReply(
+                code="incumbent_busy",
+                message=f"{snap.resident} holds {snap.live_leases(snap.resident)} live lease(s)",
+            )
+        )
+    state, _, order, audit = _start_swap(
+        snap, policy, member, controller, forced=True, reason="admin"
+    )
+    busy_guard = (snap.resident,) if snap.resident else ()
+    return Decision(
+        reply=WaitReply(
+            reason="swap_in_flight",
+            target=member,
+            epoch=order.epoch,
+            retry_after_s=retry_after_s(snap),
+        ),
+        ops=(state,),
+        pre=Preconditions(version=snap.version, zero_leases=busy_guard),
+        swap=order,
+        audit=(audit,),
+    )
+
+
+def decide_admin_unload(snap: PoolSnapshot, controller: str, policy: PoolPolicy) -> Decision:
+    """An operator empties the GPU: unload the resident, then stay cold until demand."""
+    if snap.phase == Phase.UNKNOWN or snap.phase in IN_FLIGHT:
+        return Decision(
+            reply=ErrorReply(code="swap_in_flight", message=f"pool is {snap.phase.value}")
+        )
+    if snap.live_leases(snap.resident) > 0:
+        return Decision(
+            reply=ErrorReply(
+                code="incumbent_busy",
+                message=f"{snap.resident} holds {snap.live_leases(snap.resident)} live lease(s)",
+            )
+        )
+    epoch = next_epoch(snap)
+    busy_guard = (snap.resident,) if snap.resident else ()
+    return Decision(
+        reply=WaitReply(
+            reason="swap_in_flight", target=None, epoch=epoch, retry_after_s=retry_after_s(snap)
+        ),
+        ops=(
+            SetState(
+                {
+                    "phase": Phase.UNLOADING.value,
+                    "target": "",
+                    "from": snap.resident or "",
+                    "epoch": str(epoch),
+                    "owner": controller,
+                    "heartbeat": str(snap.now_ms + policy.heartbeat_ttl_ms),
+                    "started": str(snap.now_ms),
+                    "deadline": str(snap.now_ms + policy.swap_timeout_ms),
+                    "forced": "1",
+                    "parked": "1",
+                }
+            ),
+        ),
+        pre=Preconditions(version=snap.version, zero_leases=busy_guard),
+        swap=SwapOrder(target="", epoch=epoch, from_member=snap.resident),
+        audit=(
+            AuditIntent(
+                PoolOutcome.SWAP_STARTED,
+                member=snap.resident,
+                from_member=snap.resident,
+                epoch=epoch,
+                reason="admin_unload",
+            ),
+        ),
     )

@@ -280,6 +280,7 @@ def _parse_snapshot(raw: dict[str, Any]) -> PoolSnapshot:
         started_ms=int(state.get("started") or 0),
         deadline_ms=int(state.get("deadline") or 0),
         forced=bool(state.get("forced")),
+        parked=bool(state.get("parked")),
         leases={m["name"]: int(m["leases"]) for m in members},
         waiters={m["name"]: int(m["waiters"]) for m in members},
         failures={m["name"]: int(m["failure"]) for m in members if int(m["failure"]) > 0},

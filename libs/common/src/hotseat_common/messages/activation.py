@@ -75,7 +75,10 @@ class RenewRequest(WireModel):
 
 class RenewReply(WireModel):
     ok: bool
+    """False with no ``code``: the lease is gone for good (expired or released)."""
     ttl_s: float = 0.0
+    code: str | None = None
+    """Set when the controller could not tell (e.g. ``controller_unavailable``)."""
 
 
 class ReleaseRequest(WireModel):

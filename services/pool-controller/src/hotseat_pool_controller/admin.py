@@ -1,0 +1,83 @@
+"""The controller's admin API: read pools freely, force a swap or an unload with a token."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+from hotseat_common.messages import ErrorReply, PoolList, PoolView
+from hotseat_pool_controller.pools import PoolRuntime
+from hotseat_pool_controller.state import Decision
+
+
+class SwapBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    member: str
+
+
+class ActionResult(BaseModel):
+    pool: str
+    status: str
+    """``started`` (a swap now runs), or ``noop`` (nothing to do)."""
+    target: str | None = None
+    epoch: int | None = None
+
+
+def _authorize(token: SecretStr | None, authorization: str | None) -> None:
+    if token is None:
+        raise HTTPException(403, "admin actions are disabled: set HOTSEAT_ADMIN_TOKEN")
+    expected = f"Bearer {token.get_secret_value()}".encode()
+    if authorization is None or not hmac.compare_digest(authorization.encode(), expected):
+        raise HTTPException(401, "missing or wrong admin token", {"WWW-Authenticate": "Bearer"})
+
+
+def _result(pool: str, decision: Decision) -> ActionResult:
+    if isinstance(decision.reply, ErrorReply):
+        raise HTTPException(409, f"{decision.reply.code}: {decision.reply.message}")
+    if decision.swap is None:
+        return ActionResult(pool=pool, status="noop")
+    return ActionResult(
+        pool=pool, status="started", target=decision.swap.target or None, epoch=decision.swap.epoch
+    )
+
+
+def admin_router(pools: Mapping[str, PoolRuntime], token: SecretStr | None) -> APIRouter:
+    router = APIRouter(prefix="/v1/pools", tags=["pools"])
+
+    def pool_or_404(name: str) -> PoolRuntime:
+        pool = pools.get(name)
+        if pool is None:
+            raise HTTPException(404, f"no pool {name!r}")
+        return pool
+
+    @router.get("")
+    async def list_pools() -> PoolList:
+        return PoolList(pools=[await p.store.view() for p in pools.values()])
+
+    @router.get("/{name}")
+    async def get_pool(name: str) -> PoolView:
+        return await pool_or_404(name).store.view()
+
+    @router.post("/{name}/swap")
+    async def force_swap(
+        name: str, body: SwapBody, authorization: Annotated[str | None, Header()] = None
+    ) -> ActionResult:
+        _authorize(token, authorization)
+        pool = pool_or_404(name)
+        if body.member not in pool.policy.members:
+            raise HTTPException(404, f"pool {name!r} has no member {body.member!r}")
+        return _result(name, await pool.admin_swap(body.member))
+
+    @router.post("/{name}/unload")
+    async def force_unload(
+        name: str, authorization: Annotated[str | None, Header()] = None
+    ) -> ActionResult:
+        _authorize(token, authorization)
+        return _result(name, await pool_or_404(name).admin_unload())
+
+    return router

@@ -1,0 +1,114 @@
+"""The controller process: its lifespan owns Redis, NATS, drivers and background loops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from hotseat_common.audit_stream import AuditPublisher, AuditStreamSpec, ensure_audit_stream
+from hotseat_common.config.model import HotseatConfig
+from hotseat_common.connections import connect_nats, connect_redis
+from hotseat_common.keys import Keys
+from hotseat_common.logging import get_logger
+from hotseat_common.metrics import PoolMetrics
+from hotseat_common.service import Readiness, ops_router
+from hotseat_common.subjects import Subjects
+from hotseat_pool_controller.admin import admin_router
+from hotseat_pool_controller.drivers import build_driver
+from hotseat_pool_controller.events import Announcer
+from hotseat_pool_controller.handlers import ActivationHandlers
+from hotseat_pool_controller.pools import PoolRuntime
+from hotseat_pool_controller.settings import ControllerSettings
+from hotseat_pool_controller.state import PoolPolicy
+from hotseat_pool_controller.store import PoolStore
+
+log = get_logger(__name__)
+
+
+def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
+    registry = CollectorRegistry()
+    readiness = Readiness()
+    pools: dict[str, PoolRuntime] = {}
+    controller = settings.instance_name()
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            redis = connect_redis(settings)
+            stack.push_async_callback(redis.aclose)
+            await redis.ping()
+            nc = await connect_nats(settings, name=controller)
+            stack.push_async_callback(nc.drain)
+            subjects = Subjects(settings.subject_prefix)
+            js = nc.jetstream()
+            await ensure_audit_stream(js, AuditStreamSpec(settings.audit_stream, subjects))
+            metrics = PoolMetrics(registry)
+            audit = AuditPublisher(js, subjects, metrics.audit_publish)
+            audit.start()
+            stack.push_async_callback(audit.close, settings.shutdown_grace)
+            announcer = Announcer(nc, subjects, audit, metrics, controller)
+            keys = Keys(settings.key_prefix)
+            for pool in config.pools:
+                policy = PoolPolicy.from_config(pool, heartbeat_ttl_s=settings.heartbeat_ttl)
+                driver = build_driver(config, pool)
+                stack.push_async_callback(driver.aclose)
+                pools[pool.name] = PoolRuntime(
+                    pool, policy, PoolStore(redis, keys, policy), driver, announcer, controller
+                )
+            handlers = ActivationHandlers(nc, subjects, pools, settings.max_concurrent_requests)
+            await handlers.start()
+            loops = [
+                asyncio.create_task(
+                    p.supervise(settings.tick_interval, settings.reconcile_interval),
+                    name=f"supervise-{p.name}",
+                )
+                for p in pools.values()
+            ]
+            for task in loops:
+                task.add_done_callback(_die_loudly)
+            readiness.add("nats", lambda: nc.is_connected)
+            log.info("controller_started", controller=controller, pools=list(pools))
+            try:
+                yield
+            finally:
+                readiness.shutting_down = True
+                await handlers.stop(settings.shutdown_grace)
+                for task in loops:
+                    task.cancel()
+                swaps = [t for p in pools.values() for t in p.swaps]
+                if swaps:
+                    # A swap outlives us only through its heartbeat: another replica takes
+                    # it over from the unload step after the heartbeat lapses.
+                    _, unfinished = await asyncio.wait(swaps, timeout=settings.shutdown_grace)
+                    for task in unfinished:
+                        task.cancel()
+                for task in [*loops, *swaps]:
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+                log.info(
+                    "controller_stopped",
+                    controller=controller,
+                    swaps_interrupted=sum(1 for t in swaps if t.cancelled()),
+                )
+
+    app = FastAPI(title="Hotseat pool controller", lifespan=lifespan)
+    app.include_router(ops_router(readiness, registry))
+    app.include_router(admin_router(pools, settings.admin_token))
+    return app
+
+
+def _die_loudly(task: asyncio.Task[None]) -> None:
+    """A supervisor loop must never end: if one does, the process goes down visibly."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    log.critical("supervisor_loop_died", task=task.get_name(), error=repr(exc))
+    import os  # noqa: PLC0415 - only on the fatal path
+    import signal  # noqa: PLC0415
+
+    os.kill(os.getpid(), signal.SIGTERM)

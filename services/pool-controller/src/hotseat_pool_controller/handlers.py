@@ -1,0 +1,167 @@
+"""NATS request/reply handlers of the activation protocol (queue group: replicas share work).
+
+Each request runs in its own task (a slow idle check never blocks other pools), at most
+``max_concurrent_requests`` at once. Errors are translated here, at the edge: a reply body
+with a stable code, plus the ``Nats-Service-Error`` / ``-Code`` headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
+from pydantic import ValidationError
+from redis.exceptions import RedisError
+
+from hotseat_common.logging import get_logger
+from hotseat_common.messages import (
+    Ack,
+    AcquireRequest,
+    CancelRequest,
+    DispatchFailureReport,
+    ErrorReply,
+    ReleaseRequest,
+    RenewReply,
+    RenewRequest,
+    WireModel,
+)
+from hotseat_common.subjects import CONTROLLER_QUEUE_GROUP, Subjects
+from hotseat_pool_controller.pools import PoolRuntime
+
+log = get_logger(__name__)
+
+UNAVAILABLE_RETRY_AFTER_S = 1.0
+
+Handler = Callable[[bytes], Awaitable[WireModel]]
+
+
+class ActivationHandlers:
+    def __init__(
+        self,
+        nc: NatsClient,
+        subjects: Subjects,
+        pools: Mapping[str, PoolRuntime],
+        max_concurrent: int,
+    ) -> None:
+        self._nc = nc
+        self._subjects = subjects
+        self._pools = pools
+        self._limit = asyncio.Semaphore(max_concurrent)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._subs: list[Subscription] = []
+
+    async def start(self) -> None:
+        routes: dict[str, Handler] = {
+            self._subjects.acquire: self._acquire,
+            self._subjects.release: self._release,
+            self._subjects.renew: self._renew,
+            self._subjects.cancel: self._cancel,
+            self._subjects.report: self._report,
+        }
+        for subject, handler in routes.items():
+            sub = await self._nc.subscribe(
+                subject, queue=CONTROLLER_QUEUE_GROUP, cb=self._dispatcher(handler)
+            )
+            self._subs.append(sub)
+
+    async def stop(self, grace: float) -> None:
+        """Stop taking requests, then let the ones in progress answer."""
+        for sub in self._subs:
+            try:
+                await sub.unsubscribe()
+            except NatsError as exc:
+                log.warning("unsubscribe_failed", error=type(exc).__name__)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=grace)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    def _dispatcher(self, handler: Handler) -> Callable[[Msg], Awaitable[None]]:
+        async def on_message(msg: Msg) -> None:
+            task = asyncio.create_task(self._serve(handler, msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        return on_message
+
+    async def _serve(self, handler: Handler, msg: Msg) -> None:
+        async with self._limit:
+            headers: dict[str, str] | None = None
+            try:
+                reply = await handler(msg.data)
+            except ValidationError as exc:
+                reply = ErrorReply(code="bad_request", message=_short(exc))
+                headers = {"Nats-Service-Error": reply.message, "Nats-Service-Error-Code": "400"}
+            except RedisError as exc:
+                log.warning("store_unreachable", subject=msg.subject, error=str(exc))
+                reply = ErrorReply(
+                    code="controller_unavailable",
+                    message="pool state store unreachable",
+                    retry_after_s=UNAVAILABLE_RETRY_AFTER_S,
+                )
+                if msg.subject == self._subjects.renew:
+                    reply = RenewReply(ok=False, code="controller_unavailable")
+                headers = {
+                    "Nats-Service-Error": "store unreachable",
+                    "Nats-Service-Error-Code": "503",
+                }
+            if not msg.reply:
+                return
+            try:
+                await self._nc.publish(msg.reply, reply.to_bytes(), headers=headers)
+            except NatsError as exc:
+                log.warning("reply_failed", subject=msg.subject, error=type(exc).__name__)
+
+    def _pool(self, name: str) -> PoolRuntime | None:
+        return self._pools.get(name)
+
+    async def _acquire(self, data: bytes) -> WireModel:
+        request = AcquireRequest.from_bytes(data)
+        pool = self._pool(request.pool)
+        if pool is None:
+            return ErrorReply(code="unknown_pool", message=f"no pool {request.pool!r}")
+        return await pool.acquire(request)
+
+    async def _release(self, data: bytes) -> WireModel:
+        request = ReleaseRequest.from_bytes(data)
+        pool = self._pool(request.pool)
+        if pool is None:
+            return Ack(ok=False, code="unknown_pool", message=f"no pool {request.pool!r}")
+        return Ack(ok=await pool.release(request.member, request.lease_id))
+
+    async def _renew(self, data: bytes) -> WireModel:
+        request = RenewRequest.from_bytes(data)
+        pool = self._pool(request.pool)
+        if pool is None:
+            return RenewReply(ok=False, code="unknown_pool")
+        ok = await pool.renew(request.member, request.lease_id)
+        return RenewReply(ok=ok, ttl_s=pool.policy.lease_ttl_ms / 1000 if ok else 0.0)
+
+    async def _cancel(self, data: bytes) -> WireModel:
+        request = CancelRequest.from_bytes(data)
+        pool = self._pool(request.pool)
+        if pool is None:
+            return Ack(ok=False, code="unknown_pool", message=f"no pool {request.pool!r}")
+        return Ack(ok=await pool.cancel(request.member, request.request_id))
+
+    async def _report(self, data: bytes) -> WireModel:
+        report = DispatchFailureReport.from_bytes(data)
+        pool = self._pool(report.pool)
+        if pool is None:
+            return Ack(ok=False, code="unknown_pool", message=f"no pool {report.pool!r}")
+        await pool.report_failure(report.member, report.reason)
+        return Ack()
+
+
+def _short(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return (
+        f"invalid request: {where}: {first['msg']}" if where else f"invalid request: {first['msg']}"
+    )

@@ -1,0 +1,262 @@
+"""One pool as this controller replica sees it: answers requests, supervises, runs swaps.
+
+Everything durable is in Redis (:class:`~.store.PoolStore`); what a replica keeps in
+memory (its running swap tasks, a health-failure counter) any other replica can rebuild.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+
+from redis.exceptions import RedisError
+
+from hotseat_common.config.model import BusySignal, Pool
+from hotseat_common.logging import get_logger
+from hotseat_common.messages import (
+    AcquireRequest,
+    ErrorReply,
+    PoolOutcome,
+)
+from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
+from hotseat_pool_controller.events import Announcer
+from hotseat_pool_controller.state import (
+    AcquireAsk,
+    AuditIntent,
+    Decision,
+    Phase,
+    PoolPolicy,
+    PoolSnapshot,
+    Reply,
+    SwapOrder,
+    decide_acquire,
+    decide_admin_swap,
+    decide_admin_unload,
+    decide_rebuild,
+    decide_resident_lost,
+    decide_tick,
+)
+from hotseat_pool_controller.store import PoolStore
+from hotseat_pool_controller.swap import SwapRunner
+
+log = get_logger(__name__)
+
+HEALTH_FAILURES_BEFORE_LOST = 2
+IDLE_CHECK_TIMEOUT_S = 2.0
+
+Decide = Callable[[PoolSnapshot, bool | None], Decision]
+
+
+class PoolRuntime:
+    def __init__(  # noqa: PLR0917 - wiring, called once per pool
+        self,
+        pool: Pool,
+        policy: PoolPolicy,
+        store: PoolStore,
+        driver: ResidencyDriver,
+        announcer: Announcer,
+        controller: str,
+    ) -> None:
+        self.pool = pool
+        self.policy = policy
+        self.store = store
+        self.driver = driver
+        self.announcer = announcer
+        self.controller = controller
+        self.swaps: set[asyncio.Task[None]] = set()
+        self.wake = asyncio.Event()
+        self._health_failures = 0
+        self._runner = SwapRunner(store, driver, policy, controller, self._after_step)
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    # --- deciding ---------------------------------------------------------------------
+
+    async def _slots_busy(self, member: str) -> bool:
+        """Fail closed: a /slots check that errors or stalls counts as busy."""
+        try:
+            async with asyncio.timeout(IDLE_CHECK_TIMEOUT_S):
+                return not await self.driver.is_idle(member)
+        except (DriverError, TimeoutError) as exc:
+            log.warning("idle_check_failed", pool=self.name, member=member, error=str(exc))
+            return True
+
+    async def _decide(self, decide: Decide, request_id: str = "") -> Decision:
+        decision, _ = await self.store.decide(lambda s: decide(s, None), request_id)
+        if decision.need_idle_check is not None:
+            busy = await self._slots_busy(decision.need_idle_check)
+            decision, _ = await self.store.decide(lambda s: decide(s, busy), request_id)
+        await self._after_step(decision, "decision")
+        return decision
+
+    async def _after_step(self, decision: Decision, reason: str) -> None:
+        for intent in decision.audit:
+            self.announcer.audit(self.name, intent)
+            self._count(intent)
+        if decision.changes_state:
+            snap = await self.store.snapshot()
+            await self.announcer.state_changed(self.name, snap, reason)
+        if decision.swap is not None:
+            self._start_swap(decision.swap)
+
+    def _count(self, intent: AuditIntent) -> None:
+        metrics = self.announcer.metrics
+        result = {
+            PoolOutcome.SWAP_COMPLETED: "completed",
+            PoolOutcome.SWAP_FAILED: "failed",
+            PoolOutcome.SWAP_CANCELLED: "cancelled",
+        }.get(intent.outcome)
+        if result is not None:
+            metrics.swaps.labels(
+                self.name, intent.from_member or "", intent.to_member or "", result
+            ).inc()
+        if intent.outcome == PoolOutcome.RESIDENT_LOST:
+            metrics.residents_lost.labels(self.name, intent.member or "").inc()
+
+    def _start_swap(self, order: SwapOrder) -> None:
+        task = asyncio.create_task(self._run_swap(order), name=f"swap-{self.name}-{order.epoch}")
+        self.swaps.add(task)
+        task.add_done_callback(self.swaps.discard)
+
+    async def _run_swap(self, order: SwapOrder) -> None:
+        started = time.monotonic()
+        try:
+            await self._runner.run(order)
+        except asyncio.CancelledError:
+            log.info("swap_task_stopped", pool=self.name, epoch=order.epoch)
+            raise
+        finally:
+            self.announcer.metrics.swap_duration.labels(self.name, order.target, "done").observe(
+                time.monotonic() - started
+            )
+            self.wake.set()
+
+    # --- requests ---------------------------------------------------------------------
+
+    async def acquire(self, request: AcquireRequest) -> Reply:
+        lease_id = uuid.uuid4().hex
+
+        def decide(snap: PoolSnapshot, slots_busy: bool | None) -> Decision:
+            # The hold deadline is on the router's clock; Redis time is the store's clock.
+            hold_ms = max(0, int((request.deadline - time.time()) * 1000))
+            ask = AcquireAsk(
+                member=request.member,
+                mode=request.mode,
+                request_id=request.request_id,
+                router=request.router,
+                deadline_ms=snap.now_ms + hold_ms,
+                lease_id=lease_id,
+            )
+            return decide_acquire(snap, ask, self.policy, self.controller, slots_busy=slots_busy)
+
+        decision = await self._decide(decide, request.request_id)
+        reply = decision.reply or ErrorReply(code="internal_error", message="no decision")
+        self.announcer.metrics.acquires.labels(self.name, request.member, reply.status).inc()
+        return reply
+
+    async def release(self, member: str, lease_id: str) -> bool:
+        released = await self.store.release(member, lease_id)
+        self.wake.set()
+        return released
+
+    async def renew(self, member: str, lease_id: str) -> bool:
+        return await self.store.renew(member, lease_id)
+
+    async def cancel(self, member: str, request_id: str) -> bool:
+        removed = await self.store.cancel(member, request_id)
+        self.wake.set()
+        return removed
+
+    async def report_failure(self, member: str, reason: str) -> None:
+        log.warning("dispatch_failure_reported", pool=self.name, member=member, reason=reason)
+        await self.check_resident(threshold=1)
+
+    async def admin_swap(self, member: str) -> Decision:
+        return await self._decide(
+            lambda s, _busy: decide_admin_swap(s, member, self.controller, self.policy)
+        )
+
+    async def admin_unload(self) -> Decision:
+        return await self._decide(
+            lambda s, _busy: decide_admin_unload(s, self.controller, self.policy)
+        )
+
+    # --- supervision ------------------------------------------------------------------
+
+    async def tick(self) -> None:
+        """Reap, then move the pool forward (one replica wins each transition)."""
+        snap = await self.store.snapshot()
+        if snap.phase == Phase.UNKNOWN:
+            await self.rebuild()
+            return
+        for lease in await self.store.reap():
+            self.announcer.metrics.lease_expiries.labels(self.name, lease.member).inc()
+            self.announcer.audit(
+                self.name,
+                AuditIntent(
+                    PoolOutcome.LEASE_EXPIRED,
+                    member=lease.member,
+                    request_id=lease.request_id,
+                    reason=f"not renewed by router {lease.router}",
+                ),
+            )
+        await self._decide(
+            lambda s, busy: decide_tick(s, self.policy, self.controller, slots_busy=busy)
+        )
+        self.announcer.observe(self.name, await self.store.snapshot())
+
+    async def rebuild(self) -> None:
+        """The state is gone (Redis restarted empty): re-derive residency from the driver."""
+        loaded = await self.driver.residency()
+        ready: tuple[str, ...] = ()
+        for member, is_loaded in loaded.items():
+            if is_loaded and await self.driver.is_ready(member):
+                ready = (*ready, member)
+        others_loaded = any(is_loaded for m, is_loaded in loaded.items() if m not in ready)
+        resident = ready if len(ready) == 1 and not others_loaded else ()
+        log.warning("pool_state_rebuilt", pool=self.name, loaded=loaded, resident=resident)
+        await self._decide(lambda s, _busy: decide_rebuild(s, resident))
+
+    async def check_resident(self, threshold: int = HEALTH_FAILURES_BEFORE_LOST) -> None:
+        snap = await self.store.snapshot()
+        if snap.resident is None or snap.phase not in {Phase.IDLE, Phase.DRAINING}:
+            self._health_failures = 0
+            return
+        if await self.driver.is_ready(snap.resident):
+            self._health_failures = 0
+            return
+        self._health_failures += 1
+        if self._health_failures < threshold:
+            return
+        self._health_failures = 0
+        resident = snap.resident
+        await self._decide(
+            lambda s, _busy: decide_resident_lost(s, resident, "health check failed")
+        )
+
+    async def supervise(self, tick_interval: float, reconcile_interval: float) -> None:
+        """Tick on every local trigger and on a timer; check the resident periodically."""
+        next_health = time.monotonic()
+        while True:
+            try:
+                async with asyncio.timeout(tick_interval):
+                    await self.wake.wait()
+            except TimeoutError:
+                pass
+            self.wake.clear()
+            try:
+                await self.tick()
+                if time.monotonic() >= next_health:
+                    next_health = time.monotonic() + reconcile_interval
+                    await self.check_resident()
+            except RedisError as exc:
+                log.warning("supervisor_store_unreachable", pool=self.name, error=str(exc))
+            except DriverError as exc:
+                log.warning("supervisor_driver_error", pool=self.name, error=str(exc))
+
+    def needs_slots(self) -> bool:
+        return self.pool.busy_signal == BusySignal.LEASES_AND_SLOTS

@@ -1,0 +1,32 @@
+"""Controller settings (``HOTSEAT_*``; every field is also a flag)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field, SecretStr
+
+from hotseat_common.settings import RedisSettings, ServiceSettings
+
+
+class ControllerSettings(ServiceSettings, RedisSettings):
+    port: int = Field(default=8090, ge=0, le=65535, description="Admin API port")
+    admin_token: SecretStr | None = Field(
+        default=None, description="Bearer token for POST /v1/pools/{name}/swap and /unload"
+    )
+    tick_interval: float = Field(
+        default=0.5, gt=0, description="Seconds between supervisor ticks when nothing happens"
+    )
+    reconcile_interval: float = Field(
+        default=2.0, gt=0, description="Seconds between resident health checks"
+    )
+    heartbeat_ttl: float = Field(
+        default=3.0, gt=0, description="A swap owner silent this long is taken over"
+    )
+    max_concurrent_requests: int = Field(
+        default=256, ge=1, description="NATS requests handled at once by this replica"
+    )
+
+    def instance_name(self) -> str:
+        return self.instance or f"controller-{socket.gethostname()}-{os.getpid()}"

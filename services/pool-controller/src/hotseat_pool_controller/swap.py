@@ -1,0 +1,154 @@
+"""Running one swap as its owner: unload everything else, confirm, load, commit.
+
+No request can cancel a swap: it runs in the controller's own task, bounded only by the
+pool's ``swapTimeout``. A heartbeat keeps the claim; when the claim is lost (another
+replica took over with a newer epoch) the swap stops touching drivers at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+from redis.exceptions import RedisError
+
+from hotseat_common.logging import get_logger
+from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
+from hotseat_pool_controller.state import (
+    NOTHING,
+    Decision,
+    PoolPolicy,
+    PoolSnapshot,
+    SwapOrder,
+    decide_begin_load,
+    decide_commit,
+    decide_fail,
+    decide_heartbeat,
+)
+from hotseat_pool_controller.store import PoolStore
+
+log = get_logger(__name__)
+
+UNLOAD_AFTER_FAILURE_TIMEOUT_S = 60.0
+
+Step = Callable[[PoolSnapshot], Decision | None]
+AfterStep = Callable[[Decision, str], Awaitable[None]]
+
+
+class OwnershipLost(Exception):
+    """Another replica now owns this swap (newer epoch)."""
+
+
+class SwapRunner:
+    def __init__(
+        self,
+        store: PoolStore,
+        driver: ResidencyDriver,
+        policy: PoolPolicy,
+        controller: str,
+        after_step: AfterStep,
+    ) -> None:
+        self._store = store
+        self._driver = driver
+        self._policy = policy
+        self._controller = controller
+        self._after_step = after_step
+
+    async def _step(self, step: Step, reason: str) -> Decision:
+        """Apply one owner-only transition; raise OwnershipLost if it is not ours any more."""
+        lost = False
+
+        def decide(snap: PoolSnapshot) -> Decision:
+            nonlocal lost
+            decision = step(snap)
+            lost = decision is None
+            return decision or NOTHING
+
+        decision, _ = await self._store.decide(decide)
+        if lost:
+            raise OwnershipLost
+        await self._after_step(decision, reason)
+        return decision
+
+    async def run(self, order: SwapOrder) -> None:
+        epoch = order.epoch
+        snap = await self._store.snapshot()
+        remaining = max(0.0, (snap.deadline_ms - snap.now_ms) / 1000)
+        started = time.monotonic()
+        log.info("swap_run", pool=self._policy.name, target=order.target, epoch=epoch,
+                 resume=order.resume, budget_s=round(remaining, 3))  # fmt: skip
+        work = asyncio.current_task()
+        heartbeat = asyncio.create_task(self._heartbeat(epoch, work))
+        try:
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._unload_others(order)
+                    decision = await self._step(
+                        lambda s: decide_begin_load(s, epoch, self._controller), "loading"
+                    )
+                    if decision.audit:  # cancelled: the demand left before the load began
+                        return
+                    if order.target:
+                        await self._driver.load(order.target, epoch=epoch)
+                    await self._step(lambda s: decide_commit(s, epoch, self._controller), "ready")
+            except (TimeoutError, DriverError) as exc:
+                reason = "swap_timeout" if isinstance(exc, TimeoutError) else str(exc)
+                await self._fail(order, reason)
+        except OwnershipLost:
+            log.warning("swap_ownership_lost", pool=self._policy.name, epoch=epoch)
+        except RedisError as exc:
+            # The store is unreachable: stop here; the heartbeat lapses and a replica that
+            # can reach Redis takes the swap over from the unload step.
+            log.error("swap_store_unreachable", pool=self._policy.name, epoch=epoch, error=str(exc))  # noqa: TRY400
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            log.info("swap_run_done", pool=self._policy.name, target=order.target, epoch=epoch,
+                     seconds=round(time.monotonic() - started, 3))  # fmt: skip
+
+    async def _unload_others(self, order: SwapOrder) -> None:
+        others = [m for m in self._policy.members if m != order.target]
+        await asyncio.gather(*(self._driver.unload(m, epoch=order.epoch) for m in others))
+
+    async def _fail(self, order: SwapOrder, reason: str) -> None:
+        log.error("swap_failed", pool=self._policy.name, target=order.target, epoch=order.epoch,
+                  reason=reason)  # fmt: skip
+        snap = await self._store.snapshot()
+        if snap.epoch != order.epoch or snap.owner != self._controller:
+            raise OwnershipLost
+        if order.target:
+            try:
+                async with asyncio.timeout(UNLOAD_AFTER_FAILURE_TIMEOUT_S):
+                    await self._driver.unload(order.target, epoch=order.epoch)
+            except (TimeoutError, DriverError) as exc:
+                log.error("swap_failed_unload_failed", pool=self._policy.name,  # noqa: TRY400
+                          target=order.target, error=str(exc))  # fmt: skip
+        await self._step(
+            lambda s: decide_fail(s, self._policy, order.epoch, self._controller, reason),
+            "swap_failed",
+        )
+
+    async def _heartbeat(self, epoch: int, work: asyncio.Task[object] | None) -> None:
+        interval = self._policy.heartbeat_ttl_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            lost = False
+
+            def decide(snap: PoolSnapshot) -> Decision:
+                nonlocal lost
+                decision = decide_heartbeat(snap, self._policy, epoch, self._controller)
+                lost = decision is None
+                return decision or NOTHING
+
+            try:
+                await self._store.decide(decide)
+            except RedisError as exc:
+                log.warning("swap_heartbeat_failed", pool=self._policy.name, error=str(exc))
+                continue
+            if lost:
+                if work is not None:
+                    work.cancel()
+                return
