@@ -2,150 +2,189 @@
 
 They read the raw mapping (not the validated model) so that they still run, and still
 report, when some fields of the same file are invalid: a user sees every error at once.
+
+A reference is only checked against a list whose names are all known. When an entry has
+no valid name (missing, not text, not a valid name) or the list itself is malformed, that problem is
+already reported where it is, and a reference to the list could be to that very entry, so
+"not declared" would be an echo of the first error rather than a second one.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from hotseat_common.config.errors import ConfigIssue
+from hotseat_common.config.model import Name
+
+_MEMBER_BLOCK_REQUIRED = frozenset({"process", "http", "kubernetes"})
+_NAME: TypeAdapter[str] = TypeAdapter(Name)
+_CLOSE = 0.7  # similarity above which a name is offered as "did you mean"
 
 
-def _items(raw: Mapping[str, Any], key: str) -> list[tuple[int, Mapping[str, Any]]]:
-    value = raw.get(key)
-    if not isinstance(value, list):
-        return []
-    return [(i, item) for i, item in enumerate(value) if isinstance(item, Mapping)]
+@dataclass(frozen=True, slots=True)
+class _Section:
+    """The entries of one list of named things, and whether every name is known."""
+
+    path: str
+    items: list[tuple[int, Mapping[str, Any]]]
+    complete: bool
+
+    @property
+    def names(self) -> list[str]:
+        return [n for _, item in self.items if (n := _name(item)) is not None]
+
+
+def _section(parent: Mapping[str, Any], key: str, path: str, *, required: bool) -> _Section:
+    value = parent.get(key)
+    if value is None and key not in parent and not required:
+        return _Section(path, [], complete=True)
+    if not isinstance(value, list) or not value:
+        return _Section(path, [], complete=False)
+    items = [(i, item) for i, item in enumerate(value) if isinstance(item, Mapping)]
+    complete = len(items) == len(value) and all(_name(item) is not None for _, item in items)
+    return _Section(path, items, complete)
 
 
 def _name(item: Mapping[str, Any]) -> str | None:
-    name = item.get("name")
-    return name if isinstance(name, str) else None
+    """The item's name, or None when it has no valid one (reported by the field check)."""
+    try:
+        return _NAME.validate_python(item.get("name"), strict=True)
+    except ValidationError:
+        return None
 
 
-def _unique(path: str, items: list[tuple[int, Mapping[str, Any]]]) -> Iterator[ConfigIssue]:
+def _unique(section: _Section) -> Iterator[ConfigIssue]:
     seen: dict[str, int] = {}
-    for i, item in items:
+    for i, item in section.items:
         name = _name(item)
         if name is None:
             continue
         if name in seen:
             yield ConfigIssue(
-                f"{path}[{i}].name", f"{name!r} is already used by {path}[{seen[name]}]"
+                f"{section.path}[{i}].name",
+                f"{name!r} is already used by {section.path}[{seen[name]}]",
             )
         else:
             seen[name] = i
 
 
-def _known(names: list[str]) -> str:
-    return ", ".join(dict.fromkeys(names)) if names else "none declared"
+def _unknown(value: str, what: str, names: list[str], plural: str) -> str:
+    known = ", ".join(dict.fromkeys(names)) if names else "none declared"
+    close = difflib.get_close_matches(value, names, n=1, cutoff=_CLOSE)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{value!r} is not {what}{hint} ({plural}: {known})"
 
 
 def cross_check(raw: Mapping[str, Any]) -> list[ConfigIssue]:
-    """Every cross-reference error in ``raw``, in file order."""
-    backends = _items(raw, "backends")
-    pools = _items(raw, "pools")
-    rules = _items(raw, "rules")
+    """Every cross-reference error in ``raw``, section by section."""
+    backends = _section(raw, "backends", "backends", required=False)
+    pools = _section(raw, "pools", "pools", required=False)
+    rules = _section(raw, "rules", "rules", required=False)
     issues: list[ConfigIssue] = []
-    issues += _unique("backends", backends)
-    issues += _unique("pools", pools)
-    issues += _unique("rules", rules)
-    pool_members: dict[str, list[str]] = {}
-    for i, pool in pools:
-        issues += _check_pool(i, pool, pool_members)
-    issues += _check_backend_pools(backends, pool_members)
-    backend_names = [n for _, b in backends if (n := _name(b)) is not None]
-    issues += _check_rules(rules, backend_names)
+    issues += _unique(backends)
+    issues += _unique(pools)
+    issues += _unique(rules)
+    pool_members: dict[str, _Section] = {}
+    for i, pool in pools.items:
+        members = _section(pool, "members", f"pools[{i}].members", required=True)
+        if (pool_name := _name(pool)) is not None:
+            pool_members.setdefault(pool_name, members)
+        issues += _unique(members)
+        issues += _check_default(i, pool, members)
+        issues += _driver_blocks(pool, members)
+    issues += _check_backend_pools(backends, pools, pool_members)
+    issues += _check_rules(rules, backends)
     default_route = raw.get("defaultRoute")
-    if isinstance(default_route, str) and default_route not in backend_names:
+    if isinstance(default_route, str) and backends.complete and default_route not in backends.names:
         issues.append(
             ConfigIssue(
                 "defaultRoute",
-                f"{default_route!r} is not a declared backend (backends: {_known(backend_names)})",
+                _unknown(default_route, "a declared backend", backends.names, "backends"),
             )
         )
     return issues
 
 
-def _check_pool(
-    index: int, pool: Mapping[str, Any], pool_members: dict[str, list[str]]
-) -> Iterator[ConfigIssue]:
-    members = _items(pool, "members")
-    yield from _unique(f"pools[{index}].members", members)
-    names = [n for _, m in members if (n := _name(m)) is not None]
-    if (pool_name := _name(pool)) is not None:
-        pool_members[pool_name] = names
+def _check_default(index: int, pool: Mapping[str, Any], members: _Section) -> Iterator[ConfigIssue]:
     default = pool.get("default")
-    if isinstance(default, str) and default not in names:
+    if isinstance(default, str) and members.complete and default not in members.names:
         yield ConfigIssue(
             f"pools[{index}].default",
-            f"{default!r} is not a member of this pool (members: {_known(names)})",
+            _unknown(default, "a member of this pool", members.names, "members"),
         )
-    yield from _driver_blocks(index, pool, members)
 
 
 def _check_backend_pools(
-    backends: list[tuple[int, Mapping[str, Any]]], pool_members: dict[str, list[str]]
+    backends: _Section, pools: _Section, pool_members: dict[str, _Section]
 ) -> Iterator[ConfigIssue]:
-    fronted: dict[tuple[str, str], str] = {}
-    for i, backend in backends:
+    fronted: dict[tuple[str, str], int] = {}
+    for i, backend in backends.items:
         ref = backend.get("pool")
         if not isinstance(ref, Mapping):
             continue
         pool_name, member = ref.get("name"), ref.get("member")
         if not isinstance(pool_name, str) or not isinstance(member, str):
             continue
-        if pool_name not in pool_members:
-            yield ConfigIssue(
-                f"backends[{i}].pool.name",
-                f"{pool_name!r} is not a declared pool (pools: {_known(list(pool_members))})",
-            )
-        elif member not in pool_members[pool_name]:
+        members = pool_members.get(pool_name)
+        if members is None:
+            if pools.complete:
+                yield ConfigIssue(
+                    f"backends[{i}].pool.name",
+                    _unknown(pool_name, "a declared pool", pools.names, "pools"),
+                )
+        elif members.complete and member not in members.names:
             yield ConfigIssue(
                 f"backends[{i}].pool.member",
-                f"{member!r} is not a member of pool {pool_name!r} "
-                f"(members: {_known(pool_members[pool_name])})",
+                _unknown(member, f"a member of pool {pool_name!r}", members.names, "members"),
             )
         elif (pool_name, member) in fronted:
+            first = fronted[(pool_name, member)]
             yield ConfigIssue(
                 f"backends[{i}].pool",
-                f"member {pool_name}/{member} is already fronted by backend "
-                f"{fronted[(pool_name, member)]!r}",
+                f"member {member!r} of pool {pool_name!r} is already fronted by "
+                f"backends[{first}] (a pool member has at most one backend)",
             )
-        elif (name := _name(backend)) is not None:
-            fronted[(pool_name, member)] = name
+        else:
+            fronted[(pool_name, member)] = i
 
 
-def _check_rules(
-    rules: list[tuple[int, Mapping[str, Any]]], backend_names: list[str]
-) -> Iterator[ConfigIssue]:
-    for i, rule in rules:
+def _check_rules(rules: _Section, backends: _Section) -> Iterator[ConfigIssue]:
+    for i, rule in rules.items:
         route = rule.get("route")
         targets = route.get("backends") if isinstance(route, Mapping) else None
         if not isinstance(targets, list):
             continue
+        listed: dict[str, int] = {}
         for j, target in enumerate(targets):
-            if isinstance(target, str) and target not in backend_names:
+            if not isinstance(target, str):
+                continue
+            path = f"rules[{i}].route.backends"
+            if target in listed:
                 yield ConfigIssue(
-                    f"rules[{i}].route.backends[{j}]",
-                    f"{target!r} is not a declared backend (backends: {_known(backend_names)})",
+                    f"{path}[{j}]", f"{target!r} is already listed at {path}[{listed[target]}]"
+                )
+                continue
+            listed[target] = j
+            if backends.complete and target not in backends.names:
+                yield ConfigIssue(
+                    f"{path}[{j}]",
+                    _unknown(target, "a declared backend", backends.names, "backends"),
                 )
 
 
-_MEMBER_BLOCK_REQUIRED = {"process", "http", "kubernetes"}
-
-
-def _driver_blocks(
-    index: int, pool: Mapping[str, Any], members: list[tuple[int, Mapping[str, Any]]]
-) -> Iterator[ConfigIssue]:
+def _driver_blocks(pool: Mapping[str, Any], members: _Section) -> Iterator[ConfigIssue]:
     driver = pool.get("driver")
     kind = driver.get("kind", "sim") if isinstance(driver, Mapping) else "sim"
     if kind not in _MEMBER_BLOCK_REQUIRED:
         return
-    for j, member in members:
-        if not isinstance(member.get(kind), Mapping):
+    for j, member in members.items:
+        if member.get(kind) is None:
             yield ConfigIssue(
-                f"pools[{index}].members[{j}].{kind}",
-                f"required by driver kind {kind!r} (how to run this member)",
+                f"{members.path}[{j}].{kind}",
+                f"required field is missing (driver kind {kind!r} needs it to run this member)",
             )

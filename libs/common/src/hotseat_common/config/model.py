@@ -9,13 +9,35 @@ from __future__ import annotations
 
 from enum import StrEnum
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from hotseat_common.durations import Duration
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+PositiveDuration = Annotated[Duration, Field(gt=0)]
+"""A duration that must be longer than zero (a zero deadline could never be met)."""
+
+
+def http_url(value: str) -> str:
+    """Check that ``value`` is an absolute http:// or https:// URL with a host."""
+    parts = urlsplit(value)
+    if parts.scheme not in {"http", "https"}:
+        raise ValueError(f"{value!r} is not an http:// or https:// URL")
+    if not parts.hostname:
+        raise ValueError(f"{value!r} has no host (e.g. http://127.0.0.1:8080)")
+    try:
+        parts.port  # noqa: B018 - parsing the port is the check
+    except ValueError:
+        raise ValueError(f"{value!r} has an invalid port") from None
+    return value
+
+
+HttpUrl = Annotated[str, AfterValidator(http_url)]
+"""An absolute http:// or https:// URL."""
 
 
 class _Model(BaseModel):
@@ -24,6 +46,7 @@ class _Model(BaseModel):
         populate_by_name=True,
         extra="forbid",
         frozen=True,
+        use_attribute_docstrings=True,
     )
 
 
@@ -55,71 +78,99 @@ class DefaultRouteStrategy(StrEnum):
 
 class ClassificationPolicy(_Model):
     header_key: str = "x-hotseat-classification"
+    """Request header that carries the request's data classification label."""
     sensitive: tuple[str, ...] = ("pii", "phi")
+    """Classification labels that mark a request as sensitive."""
 
 
 class ApiKeys(_Model):
     """Where client API keys come from: an env var and/or a file, one key per line."""
 
     env: str | None = None
+    """Environment variable that holds the accepted client API keys."""
     file: str | None = None
+    """File that holds the accepted client API keys, one per line."""
 
 
 class RouterPolicy(_Model):
     name: Name = "default"
+    """This router's name: the ``router`` label of its metrics and audit events."""
     classification: ClassificationPolicy = ClassificationPolicy()
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
-    stream_idle_timeout: Duration = 300.0
-    request_timeout: Duration = 600.0
-    timeout: Duration = 120.0
+    """How a request declares its data classification."""
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0, strict=True)
+    """Largest request body accepted; a larger one gets 413 (counted as it streams in)."""
+    stream_idle_timeout: PositiveDuration = 300.0
+    """Longest gap allowed between two chunks of a streamed response."""
+    request_timeout: PositiveDuration = 600.0
+    """Bound on a whole request, across every fallback attempt."""
+    timeout: PositiveDuration = 120.0
     """Per-attempt default when neither the rule nor the backend sets one."""
     quarantine: Duration = 15.0
     """How long a backend that failed stays out of rotation before one trial request."""
     api_keys: ApiKeys | None = None
+    """Client API keys; when set, every request needs one as a Bearer token."""
 
 
 class PoolRef(_Model):
     name: Name
+    """The pool."""
     member: Name
+    """The member of that pool."""
 
 
 class Backend(_Model):
     name: Name
+    """Unique backend name; rules and ``defaultRoute`` refer to it."""
     address: str
+    """Base URL of the upstream server (http:// or https://)."""
     tier: Tier = Tier.LOCAL
+    """Where the upstream runs."""
     model: str | None = None
+    """Model name sent upstream in place of the client's (unset: unchanged)."""
     display_name: str | None = None
-    timeout: Duration | None = None
+    """A human-readable name for listings (optional)."""
+    timeout: PositiveDuration | None = None
+    """Per-attempt wait for the upstream's response headers, counted once the member is
+    resident (unset: ``router.timeout``)."""
     credentials_env: str = ""
+    """Environment variable holding the upstream's API key (cloud); empty for none."""
     pool: PoolRef | None = None
+    """The pool member this backend fronts; unset for an always-available backend."""
 
     @field_validator("address")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
-            raise ValueError(f"{value!r} is not an http:// or https:// URL")
-        return value.rstrip("/")
+        return http_url(value).rstrip("/")
 
 
 class SimDriver(_Model):
     kind: Literal["sim"]
-    gpu_memory_gi_b: float = Field(default=24.0, gt=0, alias="gpuMemoryGiB")
+    """Members are sim backends (``hotseat-sim``)."""
+    gpu_memory_gi_b: float = Field(default=24.0, gt=0, alias="gpuMemoryGiB", strict=True)
+    """Simulated GPU memory the members share, in GiB; a load beyond it fails."""
 
 
 class ProcessDriver(_Model):
     kind: Literal["process"]
+    """Members are local processes, started to load and stopped to unload."""
     stop_grace_period: Duration = 10.0
-    ready_timeout: Duration | None = None
+    """How long a stopping process may take to exit before it is killed."""
+    ready_timeout: PositiveDuration | None = None
+    """How long a started process may take to answer its health URL (optional)."""
 
 
 class HttpDriver(_Model):
     kind: Literal["http"]
-    request_timeout: Duration = 30.0
+    """Members are loaded and unloaded by calling URLs (vLLM sleep/wake, Ollama)."""
+    request_timeout: PositiveDuration = 30.0
+    """Timeout of each load, unload and health call."""
 
 
 class KubernetesDriver(_Model):
     kind: Literal["kubernetes"]
+    """Members are workloads scaled between 0 and 1 replica."""
     namespace: str = "default"
+    """Namespace of the members' workloads."""
 
 
 Driver = Annotated[
@@ -129,61 +180,95 @@ Driver = Annotated[
 
 
 class SimMember(_Model):
-    load_seconds: float = Field(default=2.0, ge=0)
-    unload_seconds: float = Field(default=0.2, ge=0)
-    memory_gi_b: float = Field(default=6.0, gt=0, alias="memoryGiB")
-    tokens_per_second: float = Field(default=50.0, gt=0)
-    slots: int = Field(default=4, ge=1)
+    load_seconds: float = Field(default=2.0, ge=0, strict=True)
+    """Seconds a load takes."""
+    unload_seconds: float = Field(default=0.2, ge=0, strict=True)
+    """Seconds an unload takes."""
+    memory_gi_b: float = Field(default=6.0, gt=0, alias="memoryGiB", strict=True)
+    """Simulated GPU memory the member holds while resident, in GiB."""
+    tokens_per_second: float = Field(default=50.0, gt=0, strict=True)
+    """Generation speed; a request produces ``max_tokens`` tokens (default 16)."""
+    slots: int = Field(default=4, ge=1, strict=True)
+    """Requests served at once, as reported by ``/slots``."""
 
 
 class ProcessMember(_Model):
     command: tuple[str, ...] = Field(min_length=1)
+    """The command line that starts the member's server, e.g. ``[llama-server, -m, ...]``."""
     health_url: str | None = None
     """Defaults to the fronting backend's address + ``/health``."""
     slots_url: str | None = None
+    """llama.cpp-style ``/slots`` URL, consulted when ``busySignal: leasesAndSlots``."""
     env: dict[str, str] = {}
+    """Extra environment variables of the process."""
     cwd: str | None = None
+    """Working directory of the process."""
     log_file: str | None = None
+    """File that receives the process's output."""
 
 
 class HttpMember(_Model):
-    load_url: str
-    unload_url: str
+    load_url: HttpUrl
+    """URL called to load the member (e.g. vLLM's ``/wake_up``)."""
+    unload_url: HttpUrl
+    """URL called to unload the member (e.g. vLLM's ``/sleep``)."""
     health_url: str | None = None
+    """URL that answers 200 once the member is ready."""
     slots_url: str | None = None
+    """llama.cpp-style ``/slots`` URL, consulted when ``busySignal: leasesAndSlots``."""
     method: Literal["POST", "PUT", "GET"] = "POST"
+    """HTTP method of the load and unload calls."""
     load_body: dict[str, object] | None = None
+    """JSON body of the load call."""
     unload_body: dict[str, object] | None = None
+    """JSON body of the unload call."""
 
 
 class KubernetesMember(_Model):
     workload: Literal["Deployment", "StatefulSet"] = "Deployment"
+    """Kind of the workload that is scaled."""
     name: Name
+    """Name of the workload."""
     namespace: str | None = None
+    """Namespace of the workload (unset: the driver's ``namespace``)."""
 
 
 class PoolMember(_Model):
     name: Name
+    """Member name, unique within its pool."""
     sim: SimMember | None = None
+    """Sim settings (``driver.kind: sim``; optional)."""
     process: ProcessMember | None = None
+    """How to run the member (required when ``driver.kind: process``)."""
     http: HttpMember | None = None
+    """How to load and unload the member (required when ``driver.kind: http``)."""
     kubernetes: KubernetesMember | None = None
+    """The member's workload (required when ``driver.kind: kubernetes``)."""
 
 
 class Pool(_Model):
     name: Name
+    """Unique pool name: one GPU (or set of GPUs) that holds one member at a time."""
     swap_budget: Duration = 300.0
-    swap_timeout: Duration = 600.0
-    max_waiters: int = Field(default=1000, ge=1)
+    """How long a request may be held for its member; then 503 with Retry-After."""
+    swap_timeout: PositiveDuration = 600.0
+    """Hard deadline of one swap; past it the swap fails and the target is unloaded."""
+    max_waiters: int = Field(default=1000, ge=1, strict=True)
+    """Requests held per pool; beyond it the backend is skipped."""
     swap_policy: SwapPolicy = SwapPolicy.STICKY
+    """Which member gets the GPU next (``sticky``: the resident keeps it while it has demand)."""
     default: Name | None = None
+    """Member loaded when the pool is cold (optional)."""
     busy_signal: BusySignal = BusySignal.LEASES
-    lease_ttl: Duration = 15.0
+    """What makes a member busy: live leases, or leases and the backend's ``/slots``."""
+    lease_ttl: PositiveDuration = 15.0
     """How long a lease lives without renewal; a dead router's lease expires after it."""
     swap_failure_backoff: Duration = 5.0
     """After a failed swap, acquires for that member fail fast for this long."""
     driver: Driver = SimDriver(kind="sim")
+    """How members are loaded and unloaded, chosen by ``kind``."""
     members: tuple[PoolMember, ...] = Field(min_length=1)
+    """The models that take turns in this pool."""
 
     def member(self, name: str) -> PoolMember | None:
         return next((m for m in self.members if m.name == name), None)
@@ -191,29 +276,45 @@ class Pool(_Model):
 
 class RuleMatch(_Model):
     models: tuple[str, ...] = ()
+    """Requested model names this rule serves (``*`` matches any text)."""
     headers: dict[str, str] = {}
+    """Request headers and the values they must have."""
     data_classification: tuple[str, ...] = ()
+    """Data classification labels this rule serves."""
 
 
 class RuleRoute(_Model):
     backends: tuple[Name, ...] = Field(min_length=1)
+    """Backends to try, in order of preference."""
     pool_activation: PoolActivation = PoolActivation.WAIT
+    """When a pooled backend's member is not resident and the incumbent is busy: ``Wait``
+    for the swap, or ``IfIdle``: skip to the next backend."""
 
 
 class Rule(_Model):
     name: Name
+    """Unique rule name."""
     match: RuleMatch = RuleMatch()
+    """Which requests the rule serves."""
     route: RuleRoute
-    timeout: Duration | None = None
+    """Where those requests go."""
+    timeout: PositiveDuration | None = None
+    """Per-attempt timeout for this rule's requests (optional)."""
 
 
 class HotseatConfig(_Model):
     router: RouterPolicy = RouterPolicy()
+    """Settings of the router."""
     backends: tuple[Backend, ...] = ()
+    """Upstream inference servers."""
     pools: tuple[Pool, ...] = ()
+    """GPU pools whose members take turns."""
     rules: tuple[Rule, ...] = ()
+    """Routing rules."""
     default_route: Name | None = None
+    """Backend for requests that no rule matches (optional)."""
     default_route_strategy: DefaultRouteStrategy = DefaultRouteStrategy.STATIC
+    """How requests that no rule matches are routed."""
 
     def backend(self, name: str) -> Backend | None:
         return next((b for b in self.backends if b.name == name), None)
