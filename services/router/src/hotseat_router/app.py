@@ -1,0 +1,250 @@
+"""The router's ASGI app and its lifespan.
+
+:class:`RouterApp` is a FastAPI app whose three proxy endpoints bypass the framework
+(see :mod:`hotseat_router.proxy`); everything else (``/v1/models``, ``/healthz``,
+``/readyz``, ``/metrics``) is ordinary FastAPI. The lifespan owns every connection
+through one ``AsyncExitStack`` and hands the request path its objects through the
+lifespan state, never through module globals.
+
+Shutdown (uvicorn, on SIGTERM): stop accepting, let in-flight requests and streams finish
+within ``shutdown_grace``, then this lifespan closes: readiness goes false, the activation
+client stops, upstream connections close, queued audit events are flushed, NATS drains,
+and one line tallies what was served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request, Response
+from nats.aio.client import Client as NatsClient
+from prometheus_client import CollectorRegistry
+
+from hotseat_common.audit_stream import AuditPublisher, AuditStreamSpec, ensure_audit_stream
+from hotseat_common.config import HotseatConfig, load_config
+from hotseat_common.connections import connect_nats
+from hotseat_common.logging import get_logger
+from hotseat_common.metrics import RouterMetrics
+from hotseat_common.service import Readiness, ops_router
+from hotseat_common.subjects import Subjects
+from hotseat_router.activation import ActivationClient
+from hotseat_router.activation_factory import build_activation
+from hotseat_router.asgi import Message, Receive, Scope, Send
+from hotseat_router.audit import RequestAudit
+from hotseat_router.auth import ApiKeyCheck, load_api_keys
+from hotseat_router.dispatch import Dispatcher
+from hotseat_router.errors import Unauthorized, error_answer
+from hotseat_router.headers import REQUEST_ID_B, valid_request_id
+from hotseat_router.health import PassiveHealth
+from hotseat_router.matching import Matcher
+from hotseat_router.proxy import PROXY_PATHS, ProxyEndpoint
+from hotseat_router.settings import RouterSettings
+from hotseat_router.streaming import Relay
+from hotseat_router.upstream import UpstreamClient
+
+log = get_logger(__name__)
+
+ActivationFactory = Callable[[RouterSettings, NatsClient, HotseatConfig], ActivationClient]
+
+
+def router_name(settings: RouterSettings, config: HotseatConfig) -> str:
+    """The ``router`` label and audit field: this replica's instance name, else the config's."""
+    return settings.instance or config.router.name
+
+
+def models_body(config: HotseatConfig) -> bytes:
+    """``GET /v1/models``: each backend once, named by its displayName, else its model."""
+    ids = dict.fromkeys(b.display_name or b.model or b.name for b in config.backends)
+    data = [{"id": i, "object": "model", "created": 0, "owned_by": "hotseat"} for i in ids]
+    return orjson.dumps({"object": "list", "data": data})
+
+
+def _bearers(config: HotseatConfig) -> dict[str, str]:
+    """Upstream API keys of cloud backends, read once from their ``credentialsEnv``."""
+    out = {}
+    for backend in config.backends:
+        if backend.credentials_env:
+            key = os.environ.get(backend.credentials_env, "")
+            if key:
+                out[backend.name] = key
+            else:
+                log.warning(
+                    "backend_credentials_missing", backend=backend.name, env=backend.credentials_env
+                )
+    return out
+
+
+class RouterApp(FastAPI):
+    """FastAPI, with the proxy endpoints answered before the framework sees them."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            if scope["method"] == "POST" and scope["path"] in PROXY_PATHS:
+                proxy: ProxyEndpoint = scope["state"]["proxy"]
+                await proxy(scope, receive, send)
+                return
+            send = _stamp_request_id(scope, send)
+        await super().__call__(scope, receive, send)
+
+
+def _stamp_request_id(scope: Scope, send: Send) -> Send:
+    """Every response carries ``x-hotseat-request-id`` (the client's, or a new one)."""
+    request_id = (
+        next((valid_request_id(v) for k, v in scope["headers"] if k == REQUEST_ID_B), None)
+        or os.urandom(16).hex()
+    )
+    scope.setdefault("state", {})["request_id"] = request_id
+
+    async def stamped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", []), (REQUEST_ID_B, request_id.encode())]
+        await send(message)
+
+    return stamped
+
+
+def create_app(
+    settings: RouterSettings,
+    config: HotseatConfig,
+    *,
+    activation_factory: ActivationFactory = build_activation,
+) -> RouterApp:
+    """The router for ``config``; nothing connects until the lifespan starts."""
+    name = router_name(settings, config)
+    registry = CollectorRegistry()
+    metrics = RouterMetrics(registry)
+    readiness = Readiness()
+    auth = ApiKeyCheck(load_api_keys(settings, config.router))
+    models = models_body(config)
+    policy = config.router
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        async with AsyncExitStack() as stack:
+            nc = await connect_nats(settings, name=f"hotseat-router-{name}")
+            stack.push_async_callback(_drain, nc)
+            js = nc.jetstream()
+            subjects = Subjects(settings.subject_prefix)
+            await ensure_audit_stream(
+                js, AuditStreamSpec(name=settings.audit_stream, subjects=subjects)
+            )
+            publisher = AuditPublisher(
+                js, subjects, metrics.audit_publish, max_buffer=settings.audit_buffer
+            )
+            publisher.start()
+            stack.push_async_callback(publisher.close, max(1.0, settings.shutdown_grace))
+            upstream = UpstreamClient(
+                connections_per_host=settings.upstream_connections,
+                keepalive_s=settings.upstream_keepalive,
+            )
+            stack.push_async_callback(upstream.close)
+            activation = activation_factory(settings, nc, config)
+            if isinstance(activation, AbstractAsyncContextManager):
+                await stack.enter_async_context(activation)
+
+            for backend in config.backends:
+                metrics.backend_healthy.labels(name, backend.name).set(1)
+
+            def on_health(backend: str, healthy: bool) -> None:
+                metrics.backend_healthy.labels(name, backend).set(1 if healthy else 0)
+                log.warning("backend_health", backend=backend, healthy=healthy)
+
+            audit = RequestAudit(publisher, metrics, name)
+            dispatcher = Dispatcher(
+                policy=policy,
+                pool_budgets={p.name: p.swap_budget for p in config.pools},
+                health=PassiveHealth(policy.quarantine, on_change=on_health),
+                upstream=upstream,
+                activation=activation,
+                audit=audit,
+                metrics=metrics,
+                router=name,
+                bearers=_bearers(config),
+            )
+            relay = Relay(
+                activation=activation,
+                audit=audit,
+                metrics=metrics,
+                router=name,
+                idle_timeout=policy.stream_idle_timeout,
+            )
+            proxy = ProxyEndpoint(
+                matcher=Matcher(config),
+                dispatcher=dispatcher,
+                relay=relay,
+                auth=auth,
+                audit=audit,
+                metrics=metrics,
+                router=name,
+                max_body_bytes=policy.max_body_bytes,
+                request_timeout=policy.request_timeout,
+                sensitive=frozenset(s.lower() for s in policy.classification.sensitive),
+            )
+            readiness.add("config", lambda: True)
+            readiness.add("nats", lambda: nc.is_connected)
+            log.info(
+                "router_started",
+                router=name,
+                backends=len(config.backends),
+                rules=len(config.rules),
+                api_keys=auth.enabled,
+            )
+            try:
+                yield {"proxy": proxy}
+            finally:
+                readiness.shutting_down = True
+                log.info("router_stopping", tally=_tally(metrics, name))
+
+    app = RouterApp(
+        title="Hotseat router",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.include_router(ops_router(readiness, registry))
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Response:
+        if not auth.allows(_header(request, b"authorization")):
+            status, headers, body = error_answer(Unauthorized("missing or invalid API key"))
+            return Response(
+                body, status_code=status, headers={k.decode(): v.decode() for k, v in headers}
+            )
+        return Response(models, media_type="application/json")
+
+    return app
+
+
+def _header(request: Request, name: bytes) -> bytes | None:
+    return next((v for k, v in request.scope["headers"] if k == name), None)
+
+
+def _tally(metrics: RouterMetrics, name: str) -> dict[str, int]:
+    """Requests by outcome since start, for the one-line shutdown log."""
+    counts: dict[str, int] = {}
+    for family in metrics.requests.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels.get("router") == name:
+                outcome = sample.labels["outcome"]
+                counts[outcome] = counts.get(outcome, 0) + math.floor(sample.value)
+    return counts
+
+
+async def _drain(nc: NatsClient) -> None:
+    with contextlib.suppress(Exception):
+        await nc.drain()
+
+
+def app_from_env() -> RouterApp:
+    """Factory for ``uvicorn --factory`` (several workers): settings from ``HOTSEAT_*``."""
+    settings = RouterSettings()
+    if settings.config is None:
+        raise SystemExit("HOTSEAT_CONFIG is not set")
+    return create_app(settings, load_config(settings.config))

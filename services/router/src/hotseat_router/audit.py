@@ -1,0 +1,73 @@
+"""Audit emission: exactly one terminal ``kind: request`` event per request, plus
+``busy_skip`` pool events, published through :class:`AuditPublisher` (never blocking).
+
+The request counters and duration histogram are updated here too, so that every
+outcome the audit trail sees is also counted.
+"""
+
+from __future__ import annotations
+
+from hotseat_common.audit_stream import AuditPublisher
+from hotseat_common.messages.audit import PoolOutcome, RequestOutcome, pool_event, request_event
+from hotseat_common.metrics import RouterMetrics
+from hotseat_router.context import RequestContext
+from hotseat_router.matching import DEFAULT_ROUTE
+
+
+class RequestAudit:
+    def __init__(self, publisher: AuditPublisher, metrics: RouterMetrics, router: str) -> None:
+        self._publisher = publisher
+        self._metrics = metrics
+        self._router = router
+
+    def finish(
+        self,
+        ctx: RequestContext,
+        outcome: RequestOutcome,
+        *,
+        status: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Record the request's terminal outcome; later calls for the same request do nothing."""
+        if ctx.finished:
+            return
+        ctx.finished = True
+        elapsed = ctx.elapsed()
+        rule_label = ctx.rule if ctx.rule is not None else DEFAULT_ROUTE
+        self._metrics.requests.labels(
+            self._router, rule_label, ctx.backend or "", outcome.value
+        ).inc()
+        self._metrics.request_duration.labels(self._router, rule_label, outcome.value).observe(
+            elapsed
+        )
+        self._publisher.emit(
+            request_event(
+                outcome,
+                request_id=ctx.request_id,
+                router=self._router,
+                rule=ctx.rule,
+                backend=ctx.backend,
+                pool=ctx.pool,
+                member=ctx.member,
+                status=status if status is not None else ctx.status,
+                duration_ms=round(elapsed * 1000, 3),
+                reason=reason,
+            )
+        )
+
+    def busy_skip(
+        self, ctx: RequestContext, *, backend: str, pool: str, member: str, reason: str
+    ) -> None:
+        self._metrics.busy_skips.labels(self._router, pool, member).inc()
+        self._publisher.emit(
+            pool_event(
+                PoolOutcome.BUSY_SKIP,
+                request_id=ctx.request_id,
+                router=self._router,
+                rule=ctx.rule,
+                backend=backend,
+                pool=pool,
+                member=member,
+                reason=reason,
+            )
+        )

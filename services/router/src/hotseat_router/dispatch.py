@@ -1,0 +1,325 @@
+"""The fallback walk: try a route's backends in order until one answers.
+
+For each backend, in the rule's order:
+
+1. skip a cloud backend when the request's classification is sensitive (fail-closed);
+2. skip a quarantined backend (passive health); after its quarantine it gets one trial;
+3. for a pool member, acquire an activation lease (held at most the pool's swapBudget,
+   clipped to the request deadline). Incumbent busy or queue full: skip (busy skips are
+   audited); activation timeout: answer 503 at once; swap failed: next backend;
+   controller unavailable: next backend;
+4. send the request with the per-attempt timeout (rule, else backend, else router),
+   started only now that the member is leased, clipped to the request deadline;
+5. connection errors, per-attempt timeouts and 5xx quarantine the backend and move on;
+   any other status (4xx included) is the answer.
+
+When nothing answered, the most specific reason wins: fail_closed (a sensitive request
+whose cloud backends were withheld), controller_unavailable, pool_incumbent_busy (every
+backend tried was busy), pool_queue_full, then all_backends_failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from hotseat_common.config.model import Backend, RouterPolicy, Tier
+from hotseat_common.errors import (
+    ActivationTimeout,
+    ControllerUnavailable,
+    IncumbentBusy,
+    QueueFull,
+    SwapFailed,
+    UnknownPool,
+)
+from hotseat_common.logging import get_logger
+from hotseat_common.metrics import RouterMetrics
+from hotseat_router.activation import ActivationClient, Lease
+from hotseat_router.audit import RequestAudit
+from hotseat_router.body import RoutingFields, with_model
+from hotseat_router.context import RequestContext
+from hotseat_router.errors import AllBackendsFailed, DeadlineExceeded, FailClosed
+from hotseat_router.headers import upstream_request_headers
+from hotseat_router.health import Admission, PassiveHealth
+from hotseat_router.matching import Route
+from hotseat_router.upstream import UpstreamClient, UpstreamConnectError, UpstreamResponse
+
+log = get_logger(__name__)
+
+ACQUIRE_GRACE_S = 1.0
+"""Extra time an activation client gets past its budget to say so itself."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """The client's request as the walk forwards it."""
+
+    path: str
+    body: bytes
+    fields: RoutingFields
+    headers: list[tuple[bytes, bytes]]
+    sensitive: bool
+
+
+@dataclass(slots=True)
+class Dispatched:
+    """The backend that answered, its response (body unread) and its lease, if pooled."""
+
+    backend: Backend
+    response: UpstreamResponse
+    lease: Lease | None
+
+
+@dataclass(slots=True)
+class _Tally:
+    withheld: int = 0
+    quarantined: int = 0
+    failed: int = 0
+    busy: list[float | None] = field(default_factory=list)
+    queue_full: list[float | None] = field(default_factory=list)
+    unavailable: list[float | None] = field(default_factory=list)
+
+
+def _soonest(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        policy: RouterPolicy,
+        pool_budgets: dict[str, float],
+        health: PassiveHealth,
+        upstream: UpstreamClient,
+        activation: ActivationClient,
+        audit: RequestAudit,
+        metrics: RouterMetrics,
+        router: str,
+        bearers: dict[str, str],
+    ) -> None:
+        self._policy = policy
+        self._pool_budgets = pool_budgets
+        self._health = health
+        self._upstream = upstream
+        self._activation = activation
+        self._audit = audit
+        self._metrics = metrics
+        self._router = router
+        self._bearers = bearers
+
+    async def walk(
+        self, ctx: RequestContext, route: Route, out: Outbound, deadline: float
+    ) -> Dispatched:
+        tally = _Tally()
+        for backend in route.backends:
+            if out.sensitive and backend.tier is not Tier.LOCAL:
+                tally.withheld += 1
+                continue
+            admission = self._health.admit(backend.name)
+            if admission is None:
+                tally.quarantined += 1
+                continue
+            dispatched = await self._try(
+                ctx,
+                route,
+                out,
+                deadline=deadline,
+                backend=backend,
+                admission=admission,
+                tally=tally,
+            )
+            if dispatched is not None:
+                return dispatched
+        raise _verdict(tally, sensitive=out.sensitive)
+
+    async def _try(
+        self,
+        ctx: RequestContext,
+        route: Route,
+        out: Outbound,
+        *,
+        deadline: float,
+        backend: Backend,
+        admission: Admission,
+        tally: _Tally,
+    ) -> Dispatched | None:
+        """One backend: lease (if pooled), then one attempt. ``None`` means try the next."""
+        lease: Lease | None = None
+        try:
+            if backend.pool is not None:
+                lease = await self._lease(ctx, route, backend, deadline, tally)
+                if lease is None:
+                    self._health.abandoned(backend.name, admission)
+                    return None
+            response = await self._attempt(
+                ctx, route, out, deadline=deadline, backend=backend, lease=lease, tally=tally
+            )
+        except BaseException:
+            self._health.abandoned(backend.name, admission)
+            if lease is not None:
+                await self._activation.release(lease)
+            raise
+        if response is None:
+            if lease is not None:
+                await self._activation.release(lease)
+            return None
+        self._health.succeeded(backend.name)
+        return Dispatched(backend=backend, response=response, lease=lease)
+
+    async def _lease(
+        self, ctx: RequestContext, route: Route, backend: Backend, deadline: float, tally: _Tally
+    ) -> Lease | None:
+        assert backend.pool is not None  # noqa: S101 - only called for pooled backends
+        pool, member = backend.pool.name, backend.pool.member
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DeadlineExceeded("the request deadline passed before a backend answered")
+        budget = min(self._pool_budgets.get(pool, remaining), remaining)
+        held = self._metrics.held.labels(self._router, pool, member)
+        held.inc()
+        started = time.monotonic()
+        result = "granted"
+        try:
+            async with asyncio.timeout(budget + ACQUIRE_GRACE_S):
+                return await self._activation.acquire(
+                    pool=pool,
+                    member=member,
+                    mode=route.activation,
+                    request_id=ctx.request_id,
+                    budget_s=budget,
+                )
+        except TimeoutError as exc:
+            result = "timeout"
+            raise ActivationTimeout(
+                f"pool {pool!r} did not make {member!r} resident within {budget:.0f}s"
+            ) from exc
+        except IncumbentBusy as exc:
+            result = "busy"
+            self._audit.busy_skip(
+                ctx, backend=backend.name, pool=pool, member=member, reason=exc.code
+            )
+            tally.busy.append(exc.retry_after)
+        except QueueFull as exc:
+            result = "queue_full"
+            tally.queue_full.append(exc.retry_after)
+        except ActivationTimeout:
+            result = "timeout"
+            raise
+        except SwapFailed as exc:
+            result = "swap_failed"
+            tally.failed += 1
+            log.warning("swap_failed", backend=backend.name, pool=pool, error=str(exc))
+        except (ControllerUnavailable, UnknownPool) as exc:
+            result = "unavailable"
+            tally.unavailable.append(exc.retry_after)
+            log.warning("activation_unavailable", backend=backend.name, pool=pool, error=str(exc))
+        except BaseException:
+            result = "cancelled"
+            raise
+        finally:
+            held.dec()
+            self._metrics.pool_hold.labels(self._router, pool, member, result).observe(
+                time.monotonic() - started
+            )
+        return None
+
+    async def _attempt(
+        self,
+        ctx: RequestContext,
+        route: Route,
+        out: Outbound,
+        *,
+        deadline: float,
+        backend: Backend,
+        lease: Lease | None,
+        tally: _Tally,
+    ) -> UpstreamResponse | None:
+        """One upstream attempt; ``None`` when it failed (the backend is then quarantined)."""
+        # The per-attempt clock starts here, once any lease is granted: a hold never eats it.
+        attempt_s = route.timeout or backend.timeout or self._policy.timeout
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DeadlineExceeded("the request deadline passed before a backend answered")
+        body = out.body
+        if backend.model is not None and backend.model != out.fields.model:
+            body = with_model(out.fields, backend.model)
+        headers = upstream_request_headers(
+            out.headers, request_id=ctx.request_id, bearer=self._bearers.get(backend.name)
+        )
+        attempts = self._metrics.upstream_attempts
+        try:
+            async with asyncio.timeout(min(attempt_s, remaining)):
+                response = await self._upstream.send(
+                    backend.address + out.path, headers=headers, body=body
+                )
+        except TimeoutError as exc:
+            attempts.labels(self._router, backend.name, "timeout").inc()
+            if remaining < attempt_s:
+                raise DeadlineExceeded(
+                    "the request deadline passed before a backend answered"
+                ) from exc
+            log.warning("upstream_timeout", backend=backend.name, timeout_s=attempt_s)
+            await self._failed(ctx, backend, lease, tally, "timeout")
+            return None
+        except UpstreamConnectError as exc:
+            attempts.labels(self._router, backend.name, "connect").inc()
+            log.warning("upstream_unreachable", backend=backend.name, error=str(exc))
+            await self._failed(ctx, backend, lease, tally, "connect")
+            return None
+        if response.status >= 500:
+            attempts.labels(self._router, backend.name, "http_5xx").inc()
+            response.close()
+            log.warning("upstream_5xx", backend=backend.name, status=response.status)
+            await self._failed(ctx, backend, lease, tally, None)
+            return None
+        result = "ok" if response.status < 400 else "http_4xx"
+        attempts.labels(self._router, backend.name, result).inc()
+        return response
+
+    async def _failed(
+        self,
+        ctx: RequestContext,
+        backend: Backend,
+        lease: Lease | None,
+        tally: _Tally,
+        connection_failure: str | None,
+    ) -> None:
+        tally.failed += 1
+        self._health.failed(backend.name)
+        if lease is not None and connection_failure is not None:
+            await self._activation.report_failure(
+                lease, request_id=ctx.request_id, reason=connection_failure
+            )
+
+
+def _verdict(tally: _Tally, *, sensitive: bool) -> Exception:
+    """The error a walk that served nothing ends with."""
+    if sensitive and tally.withheld:
+        return FailClosed(
+            "the request's classification allows only local backends and none could serve it",
+            reason="classification",
+        )
+    if tally.unavailable:
+        return ControllerUnavailable(
+            "the pool controller could not vouch for any pooled backend",
+            retry_after=_soonest(tally.unavailable),
+        )
+    if tally.busy and not (tally.failed or tally.queue_full):
+        return IncumbentBusy(
+            "every backend's pool is busy serving another model; retry shortly",
+            retry_after=_soonest(tally.busy),
+        )
+    if tally.queue_full:
+        return QueueFull(
+            "the pool's wait queue is full; retry shortly",
+            retry_after=_soonest(tally.queue_full + tally.busy),
+        )
+    if tally.failed == 0 and tally.quarantined:
+        return AllBackendsFailed(
+            "every backend of the route is quarantined after recent failures",
+            reason="quarantined",
+        )
+    return AllBackendsFailed("no backend of the route could serve the request")

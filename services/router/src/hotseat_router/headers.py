@@ -1,0 +1,90 @@
+"""Header hygiene between client, router and upstream.
+
+Hop-by-hop headers (RFC 9110 section 7.6.1, plus any the ``Connection`` header names)
+never cross the router; the client's ``Authorization`` is the client's credential for
+the router and never reaches an upstream; a cloud backend gets its own Bearer key.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+REQUEST_ID = "x-hotseat-request-id"
+BACKEND = "x-hotseat-backend"
+REQUEST_ID_B = REQUEST_ID.encode()
+BACKEND_B = BACKEND.encode()
+
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+_NOT_FORWARDED = HOP_BY_HOP | {
+    b"host",
+    b"content-length",
+    b"authorization",
+    b"expect",
+    REQUEST_ID_B,
+}
+_NOT_RETURNED = HOP_BY_HOP | {b"date", b"server", REQUEST_ID_B, BACKEND_B}
+"""``date`` and ``server`` are the router's own (the server adds them)."""
+
+_REQUEST_ID_OK = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def valid_request_id(value: bytes | None) -> str | None:
+    """The client's request id when it is a safe token, else ``None``."""
+    if value is None or _REQUEST_ID_OK.match(value) is None:
+        return None
+    return value.decode("ascii")
+
+
+def _connection_listed(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    listed: set[bytes] = set()
+    for name, value in headers:
+        if name == b"connection":
+            listed.update(t.strip().lower() for t in value.split(b",") if t.strip())
+    return frozenset(listed)
+
+
+def upstream_request_headers(
+    client_headers: list[tuple[bytes, bytes]],
+    *,
+    request_id: str,
+    bearer: str | None,
+) -> list[tuple[str, str]]:
+    """What the upstream receives: the client's end-to-end headers and our request id."""
+    listed = _connection_listed(client_headers)
+    out = [
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, value in client_headers
+        if name not in _NOT_FORWARDED and name not in listed
+    ]
+    out.append((REQUEST_ID, request_id))
+    if bearer:
+        out.append(("authorization", f"Bearer {bearer}"))
+    return out
+
+
+def client_response_headers(
+    upstream_headers: Iterable[tuple[bytes, bytes]], *, backend: bytes, request_id: bytes
+) -> list[tuple[bytes, bytes]]:
+    """What the client receives: the upstream's end-to-end headers and ours."""
+    lowered = [(name.lower(), value) for name, value in upstream_headers]
+    listed = _connection_listed(lowered)
+    out = [
+        (name, value) for name, value in lowered if name not in _NOT_RETURNED and name not in listed
+    ]
+    out.append((BACKEND_B, backend))
+    out.append((REQUEST_ID_B, request_id))
+    return out

@@ -1,0 +1,57 @@
+"""``hotseat-router``: read settings and config once, then serve until SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from pydantic import SecretStr
+
+from hotseat_common.config import ConfigError, load_config
+from hotseat_common.logging import configure_logging
+from hotseat_common.service import run_app
+from hotseat_common.settings import load_settings
+from hotseat_router.app import create_app
+from hotseat_router.settings import RouterSettings
+
+EXIT_CONFIG = 2
+
+
+def _as_env(settings: RouterSettings) -> dict[str, str]:
+    """The settings as ``HOTSEAT_*`` variables, so worker processes read the same ones."""
+    env = {}
+    for name in RouterSettings.model_fields:
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        env["HOTSEAT_" + name.upper()] = str(value)
+    return env
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = load_settings(
+        RouterSettings,
+        argv,
+        prog="hotseat-router",
+        description="Hotseat router: the OpenAI-compatible data plane.",
+    )
+    configure_logging(
+        "router", level=settings.log_level, fmt=settings.log_format, instance=settings.instance
+    )
+    if settings.config is None:
+        sys.stderr.write("hotseat-router: --config (or HOTSEAT_CONFIG) is required\n")
+        return EXIT_CONFIG
+    try:
+        config = load_config(settings.config)
+    except ConfigError as exc:
+        sys.stderr.write(f"hotseat-router: invalid config {exc}\n")
+        return EXIT_CONFIG
+    if settings.workers > 1:
+        os.environ.update(_as_env(settings))
+        run_app("hotseat_router.app:app_from_env", settings, workers=settings.workers, factory=True)
+    else:
+        run_app(create_app(settings, config), settings)
+    return 0

@@ -1,0 +1,111 @@
+"""Which backends a request may use: rules in order, first match wins, then the default route.
+
+A rule matches when every condition it sets holds: ``models`` (glob patterns on the
+request's model), ``headers`` (names case-insensitive, every listed header must carry
+exactly the listed value) and ``dataClassification`` (the classification header's value,
+case-insensitive, is one of the listed ones). A rule with no condition matches everything.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hotseat_common.config.model import (
+    Backend,
+    DefaultRouteStrategy,
+    HotseatConfig,
+    PoolActivation,
+    Rule,
+)
+
+DEFAULT_ROUTE = "defaultRoute"
+"""How the default route is named in logs and metrics (the audit event leaves ``rule`` empty)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The matched rule (``None`` for the default route) and its backends in order."""
+
+    rule: str | None
+    backends: tuple[Backend, ...]
+    activation: PoolActivation
+    timeout: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class _CompiledRule:
+    rule: Rule
+    models: re.Pattern[str] | None
+    headers: tuple[tuple[str, str], ...]
+    classifications: frozenset[str]
+    route: Route
+
+
+def _compile(rule: Rule, config: HotseatConfig) -> _CompiledRule:
+    models = None
+    if rule.match.models:
+        models = re.compile("|".join(fnmatch.translate(p) for p in rule.match.models))
+    backends = tuple(b for name in rule.route.backends if (b := config.backend(name)) is not None)
+    return _CompiledRule(
+        rule=rule,
+        models=models,
+        headers=tuple((k.lower(), v) for k, v in rule.match.headers.items()),
+        classifications=frozenset(c.lower() for c in rule.match.data_classification),
+        route=Route(
+            rule=rule.name,
+            backends=backends,
+            activation=rule.route.pool_activation,
+            timeout=rule.timeout,
+        ),
+    )
+
+
+class Matcher:
+    """Routes a request by its model and headers; built once per config."""
+
+    def __init__(self, config: HotseatConfig) -> None:
+        self._rules = tuple(_compile(r, config) for r in config.rules)
+        self._classification_header = config.router.classification.header_key.lower()
+        self._strategy = config.default_route_strategy
+        self._default: Route | None = None
+        if config.default_route is not None:
+            backend = config.backend(config.default_route)
+            if backend is not None:
+                self._default = _single(backend)
+        self._by_name: dict[str, Route] = {}
+        if self._strategy is DefaultRouteStrategy.BACKEND_NAME_MATCH:
+            for backend in config.backends:
+                self._by_name.setdefault(backend.name, _single(backend))
+            for backend in config.backends:
+                if backend.display_name:
+                    self._by_name.setdefault(backend.display_name, _single(backend))
+
+    def classification(self, headers: Mapping[str, str]) -> str | None:
+        value = headers.get(self._classification_header)
+        return value.strip().lower() if value is not None else None
+
+    def route(self, model: str, headers: Mapping[str, str]) -> Route | None:
+        """The first rule that matches, else the default route, else ``None`` (no route)."""
+        classification: str | None = None
+        for compiled in self._rules:
+            if compiled.models is not None and compiled.models.match(model) is None:
+                continue
+            if any(headers.get(name) != value for name, value in compiled.headers):
+                continue
+            if compiled.classifications:
+                if classification is None:
+                    classification = self.classification(headers) or ""
+                if classification not in compiled.classifications:
+                    continue
+            return compiled.route
+        named = self._by_name.get(model)
+        if named is not None:
+            return named
+        return self._default
+
+
+def _single(backend: Backend) -> Route:
+    return Route(rule=None, backends=(backend,), activation=PoolActivation.WAIT, timeout=None)

@@ -1,0 +1,171 @@
+"""The hot path: ``POST /v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings``.
+
+Raw ASGI rather than a framework route, because this is a proxy, not a form handler:
+headers are scanned once, the body is read once (with its size limit) and parsed only
+for ``model`` and ``stream``, and the bytes go upstream untouched unless a backend
+rewrites the model. Every request ends in exactly one terminal audit event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import NamedTuple
+
+from hotseat_common.errors import HotseatError
+from hotseat_common.logging import get_logger
+from hotseat_common.messages.audit import RequestOutcome
+from hotseat_common.metrics import RouterMetrics
+from hotseat_router.asgi import Receive, Scope, Send
+from hotseat_router.audit import RequestAudit
+from hotseat_router.auth import ApiKeyCheck
+from hotseat_router.body import parse_body, read_body
+from hotseat_router.context import RequestContext, watch_disconnect
+from hotseat_router.dispatch import Dispatched, Dispatcher, Outbound
+from hotseat_router.errors import (
+    InvalidRequest,
+    ModelNotFound,
+    RouterError,
+    Unauthorized,
+    error_answer,
+    spec_for,
+)
+from hotseat_router.headers import REQUEST_ID_B, valid_request_id
+from hotseat_router.matching import Matcher, Route
+from hotseat_router.streaming import Relay
+
+log = get_logger(__name__)
+
+PROXY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+
+
+class ProxyEndpoint:
+    def __init__(
+        self,
+        *,
+        matcher: Matcher,
+        dispatcher: Dispatcher,
+        relay: Relay,
+        auth: ApiKeyCheck,
+        audit: RequestAudit,
+        metrics: RouterMetrics,
+        router: str,
+        max_body_bytes: int,
+        request_timeout: float,
+        sensitive: frozenset[str],
+    ) -> None:
+        self._matcher = matcher
+        self._dispatcher = dispatcher
+        self._relay = relay
+        self._auth = auth
+        self._audit = audit
+        self._in_flight = metrics.in_flight.labels(router)
+        self._max_body = max_body_bytes
+        self._request_timeout = request_timeout
+        self._sensitive = sensitive
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id: str | None = None
+        authorization: bytes | None = None
+        content_length: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == REQUEST_ID_B:
+                request_id = valid_request_id(value)
+            elif name == b"authorization":
+                authorization = value
+            elif name == b"content-length":
+                content_length = value
+        ctx = RequestContext(request_id=request_id or uuid.uuid4().hex)
+        self._in_flight.inc()
+        try:
+            dispatched = await self._dispatch(
+                ctx, scope, receive, send, _Credentials(authorization, content_length)
+            )
+            if dispatched is not None:
+                await self._relay(ctx, dispatched, send)
+        finally:
+            if ctx.watcher is not None:
+                ctx.watcher.cancel()
+            self._in_flight.dec()
+
+    async def _dispatch(
+        self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send, creds: _Credentials
+    ) -> Dispatched | None:
+        """Everything up to an upstream's response headers; ``None`` when already answered."""
+        try:
+            route, outbound = await self._admit(ctx, scope, receive, creds)
+            ctx.task = asyncio.current_task()
+            ctx.watcher = asyncio.create_task(watch_disconnect(receive, ctx))
+            deadline = ctx.started + self._request_timeout
+            return await self._dispatcher.walk(ctx, route, outbound, deadline)
+        except HotseatError as exc:
+            await self._answer_error(ctx, send, exc)
+            return None
+        except asyncio.CancelledError:
+            reason = ctx.absorb_interrupt()
+            self._audit.finish(
+                ctx, RequestOutcome.CLIENT_DISCONNECTED, reason=reason or "cancelled"
+            )
+            if reason is None:
+                raise
+            return None
+        except Exception as exc:
+            log.exception("request_failed", request_id=ctx.request_id)
+            await self._answer_error(ctx, send, RouterError(f"internal error: {exc}"))
+            return None
+
+    async def _admit(
+        self, ctx: RequestContext, scope: Scope, receive: Receive, creds: _Credentials
+    ) -> tuple[Route, Outbound]:
+        """Authenticate, read and parse the body, match a route; raise to reject."""
+        if not self._auth.allows(creds.authorization):
+            raise Unauthorized("missing or invalid API key")
+        body = await read_body(
+            receive, content_length=_length(creds.content_length), limit=self._max_body
+        )
+        fields = parse_body(body)
+        ctx.model = fields.model
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        header_map = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers}
+        route = self._matcher.route(fields.model, header_map)
+        if route is None:
+            raise ModelNotFound(f"no route serves the model {fields.model!r}")
+        ctx.rule = route.rule
+        classification = self._matcher.classification(header_map)
+        path: str = scope["path"]
+        if scope["query_string"]:
+            path += "?" + scope["query_string"].decode("latin-1")
+        return route, Outbound(
+            path=path,
+            body=body,
+            fields=fields,
+            headers=headers,
+            sensitive=classification is not None and classification in self._sensitive,
+        )
+
+    async def _answer_error(self, ctx: RequestContext, send: Send, exc: HotseatError) -> None:
+        spec = spec_for(exc)
+        reason = getattr(exc, "reason", None) or exc.code
+        if spec.outcome is RequestOutcome.CLIENT_DISCONNECTED:
+            self._audit.finish(ctx, spec.outcome, reason=reason)
+            return
+        status, headers, body = error_answer(exc)
+        headers.append((REQUEST_ID_B, ctx.request_id.encode()))
+        ctx.response_done = True
+        self._audit.finish(ctx, spec.outcome, status=status, reason=reason)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _Credentials(NamedTuple):
+    authorization: bytes | None
+    content_length: bytes | None
+
+
+def _length(value: bytes | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidRequest("invalid Content-Length") from None

@@ -1,0 +1,30 @@
+"""The router's settings: every :class:`ServiceSettings` field plus the router's own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+
+from hotseat_common.settings import ServiceSettings
+
+
+class RouterSettings(ServiceSettings):
+    """``HOTSEAT_*`` variables (and the matching flags) read by ``hotseat-router``."""
+
+    workers: int = Field(default=1, ge=1, description="Worker processes")
+    api_keys: SecretStr | None = Field(
+        default=None, description="Client API keys, comma-separated (adds to the config's)"
+    )
+    api_keys_file: Path | None = Field(
+        default=None, description="File of client API keys, one per line (adds to the config's)"
+    )
+    upstream_connections: int = Field(
+        default=1024, ge=1, description="Most pooled keep-alive connections per upstream"
+    )
+    upstream_keepalive: float = Field(
+        default=4.0, gt=0, description="Seconds an idle upstream connection stays pooled"
+    )
+    audit_buffer: int = Field(
+        default=10_000, ge=1, description="Audit events held while NATS is unreachable"
+    )

@@ -1,0 +1,132 @@
+"""Relaying an upstream answer to the client chunk by chunk, as it arrives.
+
+The body is never buffered: each piece the upstream sends is written at once, so the
+first byte of a stream reaches the client as soon as the upstream produces it. Between
+pieces the upstream has ``router.streamIdleTimeout``. Whatever ends the relay (the body's
+end, an upstream error, a lost lease, the client leaving), the ``finally`` block closes
+the upstream response (which cancels an unfinished upstream request), releases the lease
+and records the request's one terminal audit event.
+
+A relay that cannot finish normally ends an SSE stream with an OpenAI error event; any
+other body is cut off (the connection is aborted) so the client cannot mistake a partial
+body for a complete one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+
+from hotseat_common.messages.audit import RequestOutcome
+from hotseat_common.metrics import RouterMetrics
+from hotseat_router.activation import ActivationClient
+from hotseat_router.asgi import Send
+from hotseat_router.audit import RequestAudit
+from hotseat_router.context import RequestContext, watch_lease
+from hotseat_router.dispatch import Dispatched
+from hotseat_router.headers import client_response_headers
+from hotseat_router.upstream import UpstreamBodyError
+
+_STREAM_ERRORS = {
+    "stream_idle_timeout": "the upstream sent nothing for too long",
+    "upstream_body_error": "the upstream broke the connection mid-response",
+    "lease_lost": "the pool member's activation lease was lost mid-response",
+}
+
+
+class StreamAborted(Exception):
+    """Raised to the server so it drops a connection whose body cannot be completed."""
+
+
+def _sse_error(reason: str) -> bytes:
+    payload = {"error": {"message": _STREAM_ERRORS[reason], "type": "server_error", "code": reason}}
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+class Relay:
+    def __init__(
+        self,
+        *,
+        activation: ActivationClient,
+        audit: RequestAudit,
+        metrics: RouterMetrics,
+        router: str,
+        idle_timeout: float,
+    ) -> None:
+        self._activation = activation
+        self._audit = audit
+        self._metrics = metrics
+        self._router = router
+        self._idle = idle_timeout
+
+    async def __call__(self, ctx: RequestContext, dispatched: Dispatched, send: Send) -> None:
+        response = dispatched.response
+        backend = dispatched.backend
+        ctx.backend = backend.name
+        ctx.status = response.status
+        if backend.pool is not None:
+            ctx.pool, ctx.member = backend.pool.name, backend.pool.member
+        self._metrics.time_to_first_byte.labels(self._router, backend.name).observe(ctx.elapsed())
+        lease = dispatched.lease
+        lease_watch = (
+            asyncio.create_task(watch_lease(lease.lost, ctx))
+            if lease is not None and lease.ttl_s > 0
+            else None
+        )
+        failure: str | None = None
+        try:
+            failure = await self._pump(ctx, dispatched, send)
+        except asyncio.CancelledError:
+            failure = ctx.absorb_interrupt()
+            if failure is None:
+                self._audit.finish(ctx, RequestOutcome.CLIENT_DISCONNECTED, reason="cancelled")
+                raise
+        finally:
+            if lease_watch is not None:
+                lease_watch.cancel()
+            response.close()
+            if lease is not None:
+                await self._activation.release(lease)
+        if failure is None:
+            self._audit.finish(ctx, RequestOutcome.SERVED)
+        elif failure == "client_disconnected":
+            self._audit.finish(ctx, RequestOutcome.CLIENT_DISCONNECTED, reason=failure)
+        else:
+            self._audit.finish(ctx, RequestOutcome.SERVED, reason=failure)
+            if response.content_type != "text/event-stream":
+                raise StreamAborted(_STREAM_ERRORS[failure])
+            ctx.response_done = True
+            await send({"type": "http.response.body", "body": _sse_error(failure)})
+
+    async def _pump(self, ctx: RequestContext, dispatched: Dispatched, send: Send) -> str | None:
+        """Copy the body; ``None`` when it ended normally, else why it stopped."""
+        response = dispatched.response
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status,
+                "headers": client_response_headers(
+                    response.headers,
+                    backend=dispatched.backend.name.encode(),
+                    request_id=ctx.request_id.encode(),
+                ),
+            }
+        )
+        while True:
+            try:
+                async with asyncio.timeout(self._idle):
+                    chunk = await response.chunk()
+            except TimeoutError:
+                return "stream_idle_timeout"
+            except UpstreamBodyError:
+                return "upstream_body_error"
+            if not chunk:
+                ctx.response_done = True
+                await send({"type": "http.response.body", "body": b""})
+                return None
+            if response.body_known_complete:
+                ctx.response_done = True
+                await send({"type": "http.response.body", "body": chunk})
+                return None
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -1,0 +1,103 @@
+"""The upstream HTTP client: pooled keep-alive connections to every backend (aiohttp).
+
+aiohttp was chosen over httpx by measurement (docs/adr/0002-router-upstream-client.md).
+Every aiohttp exception is translated here, at this one boundary, into
+:class:`UpstreamConnectError` or :class:`UpstreamBodyError`; timeouts are the caller's
+(``asyncio.timeout`` around :meth:`UpstreamClient.send` and each :meth:`UpstreamResponse.chunk`).
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+"""Send only what the client sent: no headers of aiohttp's own choosing."""
+
+
+class UpstreamConnectError(Exception):
+    """The upstream could not be reached or dropped the connection before answering."""
+
+
+class UpstreamBodyError(Exception):
+    """The upstream broke the connection while sending its body."""
+
+
+class UpstreamResponse:
+    """Status and headers of an upstream answer whose body is read chunk by chunk."""
+
+    __slots__ = ("_remaining", "_response", "headers", "status")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.headers: tuple[tuple[bytes, bytes], ...] = response.raw_headers
+        length = response.content_length
+        self._remaining = length if length is not None else -1
+
+    @property
+    def content_type(self) -> str:
+        return self._response.content_type
+
+    @property
+    def body_known_complete(self) -> bool:
+        """True once a body with a Content-Length has been read in full."""
+        return self._remaining == 0
+
+    async def chunk(self) -> bytes:
+        """The next piece of the body as it arrives; ``b""`` at its end."""
+        try:
+            data = await self._response.content.readany()
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamBodyError(str(exc) or type(exc).__name__) from exc
+        if self._remaining > 0:
+            self._remaining -= len(data)
+        return data
+
+    def close(self) -> None:
+        """Return the connection to the pool when the body was read, else drop it."""
+        if self._response.content.at_eof() or self._remaining == 0:
+            self._response.release()
+        else:
+            # Closing the socket is what tells the upstream to stop generating.
+            self._response.close()
+
+
+class UpstreamClient:
+    """One connection pool per router process, shared by every backend."""
+
+    def __init__(self, *, connections_per_host: int, keepalive_s: float) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=0,
+                limit_per_host=connections_per_host,
+                keepalive_timeout=keepalive_s,
+                ttl_dns_cache=60,
+            ),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None),
+            skip_auto_headers=SKIP_AUTO_HEADERS,
+        )
+
+    async def send(
+        self, url: str, *, headers: list[tuple[str, str]], body: bytes
+    ) -> UpstreamResponse:
+        """POST ``body`` and return once the response headers arrived."""
+        # A pooled connection the upstream closed while idle fails at once with
+        # ServerDisconnected; one retry on a fresh connection is not a second attempt.
+        for retry in (True, False):
+            try:
+                response = await self._session.post(
+                    url, data=body, headers=headers, allow_redirects=False
+                )
+            except aiohttp.ServerDisconnectedError as exc:
+                if retry:
+                    continue
+                raise UpstreamConnectError(str(exc) or "server disconnected") from exc
+            except (aiohttp.ClientError, OSError) as exc:
+                raise UpstreamConnectError(str(exc) or type(exc).__name__) from exc
+            return UpstreamResponse(response)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def close(self) -> None:
+        await self._session.close()

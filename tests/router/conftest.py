@@ -1,0 +1,163 @@
+"""Router test harness: fake upstreams on free ports, a real router (uvicorn on a free
+port, in this process) and the audit events it publishes, read back from JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import uvicorn
+from nats.aio.client import Client as NatsClient
+
+from hotseat.launcher import Managed, free_port
+from hotseat_common.config import HotseatConfig, parse_config
+from hotseat_router.app import ActivationFactory, RouterApp, create_app
+from hotseat_router.settings import RouterSettings
+from tests.router.upstreams import FakeUpstream
+
+
+@dataclass
+class RunningRouter:
+    url: str
+    app: RouterApp
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+
+    async def stop(self) -> None:
+        """Graceful stop: the lifespan flushes audit events before this returns."""
+        if not self.task.done():
+            self.server.should_exit = True
+            await asyncio.wait_for(self.task, 15)
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Callable[[str], Awaitable[FakeUpstream]]]:
+    started: list[FakeUpstream] = []
+
+    async def start(name: str) -> FakeUpstream:
+        fake = FakeUpstream(name=name)
+        await fake.start()
+        started.append(fake)
+        return fake
+
+    yield start
+    for fake in started:
+        await fake.stop()
+
+
+def settings_for(nats_url: str, prefix: str, **overrides: Any) -> RouterSettings:
+    return RouterSettings(
+        nats_url=nats_url,
+        subject_prefix=prefix,
+        audit_stream=f"{prefix}_AUDIT",
+        port=free_port(),
+        instance=f"router-{prefix}",
+        shutdown_grace=5,
+        **overrides,
+    )
+
+
+@pytest.fixture
+async def start_router(
+    nats_server: Managed, prefix: str
+) -> AsyncIterator[Callable[..., Awaitable[RunningRouter]]]:
+    running: list[RunningRouter] = []
+
+    async def start(
+        config: dict[str, Any] | HotseatConfig,
+        *,
+        activation_factory: ActivationFactory | None = None,
+        **overrides: Any,
+    ) -> RunningRouter:
+        parsed = config if isinstance(config, HotseatConfig) else parse_config(config)
+        settings = settings_for(nats_server.url, prefix, **overrides)
+        kwargs = {"activation_factory": activation_factory} if activation_factory else {}
+        app = create_app(settings, parsed, **kwargs)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host="127.0.0.1",
+                port=settings.port,
+                http="httptools",
+                ws="none",
+                lifespan="on",
+                log_config=None,
+                access_log=False,
+                timeout_graceful_shutdown=5,
+            )
+        )
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("router exited during start-up")
+            await asyncio.sleep(0.01)
+        router = RunningRouter(f"http://127.0.0.1:{settings.port}", app, server, task)
+        running.append(router)
+        return router
+
+    yield start
+    for router in running:
+        with contextlib.suppress(Exception):
+            await router.stop()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=10) as http:
+        yield http
+
+
+class AuditReader:
+    """Reads the audit events of one test's stream, in publish order."""
+
+    def __init__(self, nc: NatsClient, stream: str) -> None:
+        self._js = nc.jetstream()
+        self._stream = stream
+        self._sub: Any = None
+        self.events: list[dict[str, Any]] = []
+
+    async def _pull(self, timeout: float) -> None:
+        if self._sub is None:
+            self._sub = await self._js.pull_subscribe(">", durable=None, stream=self._stream)
+        with contextlib.suppress(TimeoutError):
+            for msg in await self._sub.fetch(100, timeout=timeout):
+                self.events.append(orjson.loads(msg.data))
+                await msg.ack()
+
+    async def wait_for(
+        self, predicate: Callable[[dict[str, Any]], bool], *, count: int = 1, timeout: float = 5
+    ) -> list[dict[str, Any]]:
+        """Events matching ``predicate`` once at least ``count`` of them have arrived."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            found = [e for e in self.events if predicate(e)]
+            if len(found) >= count:
+                return found
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise AssertionError(f"only {len(found)} of {count} events: {self.events}")
+            await self._pull(min(left, 0.5))
+
+    async def request_event(self, request_id: str) -> dict[str, Any]:
+        (event,) = await self.wait_for(
+            lambda e: e["kind"] == "request" and e.get("request_id") == request_id
+        )
+        return event
+
+    async def all_events(self) -> list[dict[str, Any]]:
+        """Every event in the stream now (call after the router flushed and stopped)."""
+        info = await self._js.stream_info(self._stream)
+        await self.wait_for(lambda _e: True, count=info.state.messages)
+        return self.events
+
+
+@pytest.fixture
+async def audit(nc: NatsClient, prefix: str) -> AuditReader:
+    return AuditReader(nc, f"{prefix}_AUDIT")
