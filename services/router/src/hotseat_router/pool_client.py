@@ -1,0 +1,263 @@
+"""The NATS implementation of :class:`~hotseat_router.activation.ActivationClient`.
+
+Asks the pool controller (queue group) for a lease and, on ``wait``, waits for the pool's
+next state-change notification before asking again with the same request id (a timer
+re-asks too, in case a notification was lost). A request that gives up (swap budget
+elapsed, client gone) withdraws from the pool's waiters with ``cancel``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from pydantic import ValidationError
+
+from hotseat_common.config.model import PoolActivation
+from hotseat_common.errors import (
+    ACTIVATION_ERRORS,
+    ActivationError,
+    ActivationTimeout,
+    ControllerUnavailable,
+    IncumbentBusy,
+)
+from hotseat_common.logging import get_logger
+from hotseat_common.messages import (
+    ACQUIRE_REPLY,
+    AcquireRequest,
+    CancelRequest,
+    DispatchFailureReport,
+    ErrorReply,
+    Granted,
+    IncumbentBusyReply,
+    PoolStateChanged,
+    ReleaseRequest,
+    RenewReply,
+    RenewRequest,
+    WaitReply,
+    WireModel,
+)
+from hotseat_common.subjects import Subjects
+from hotseat_router.activation import Lease
+
+log = get_logger(__name__)
+
+REQUEST_TIMEOUT_S = 2.0
+"""One acquire round trip; a slower controller is asked again with the same request id."""
+REASK_INTERVAL_S = 2.0
+"""A held request asks again at least this often, even without a notification."""
+SMALL_TIMEOUT_S = 1.0
+
+
+@dataclass
+class _PoolSignal:
+    generation: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def bump(self) -> None:
+        self.generation += 1
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+class NatsActivationClient:
+    def __init__(self, nc: NatsClient, subjects: Subjects, router: str) -> None:
+        self._nc = nc
+        self._subjects = subjects
+        self._router = router
+        self._signals: dict[str, _PoolSignal] = {}
+        self._renewals: dict[str, asyncio.Task[None]] = {}
+        self._sub: Subscription | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe(self._subjects.pool_events_all, cb=self._on_event)
+
+    async def stop(self) -> None:
+        for task in self._renewals.values():
+            task.cancel()
+        if self._sub is not None:
+            with contextlib.suppress(NatsError):
+                await self._sub.unsubscribe()
+
+    def _signal(self, pool: str) -> _PoolSignal:
+        return self._signals.setdefault(pool, _PoolSignal())
+
+    async def _on_event(self, msg: Msg) -> None:
+        try:
+            event = PoolStateChanged.from_bytes(msg.data)
+        except ValidationError:
+            log.warning("pool_event_invalid", subject=msg.subject)
+            return
+        self._signal(event.pool).bump()
+
+    async def _request(self, subject: str, message: WireModel, timeout: float) -> bytes:
+        response = await self._nc.request(subject, message.to_bytes(), timeout=timeout)
+        return bytes(response.data)
+
+    # --- acquire ----------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        *,
+        pool: str,
+        member: str,
+        mode: PoolActivation,
+        request_id: str,
+        budget_s: float,
+    ) -> Lease:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget_s
+        request = AcquireRequest(
+            pool=pool,
+            member=member,
+            mode=mode,
+            request_id=request_id,
+            router=self._router,
+            deadline=time.time() + budget_s,
+        )
+        held = False
+        try:
+            while True:
+                signal = self._signal(pool)
+                generation, changed = signal.generation, signal.changed
+                reply = await self._ask(request, deadline - loop.time())
+                if isinstance(reply, Granted):
+                    return self._granted(pool, member, reply)
+                _raise_if_refused(pool, reply)
+                held = True
+                await self._wait_for_change(signal, generation, changed, deadline, reply)
+        except BaseException:
+            if held:
+                self._withdraw(pool, member, request_id)
+            raise
+
+    async def _ask(
+        self, request: AcquireRequest, remaining: float
+    ) -> Granted | IncumbentBusyReply | WaitReply | ErrorReply:
+        """One acquire, asked again (same request id) while the controller is slow."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + remaining
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise ActivationTimeout(f"pool {request.pool}: controller did not answer in time")
+            try:
+                data = await self._request(
+                    self._subjects.acquire, request, min(REQUEST_TIMEOUT_S, left)
+                )
+            except NoRespondersError as exc:
+                raise ControllerUnavailable(
+                    f"pool {request.pool}: no pool controller is running", retry_after=1.0
+                ) from exc
+            except NatsTimeoutError:
+                log.warning("acquire_slow", pool=request.pool, request_id=request.request_id)
+                continue
+            except NatsError as exc:
+                raise ControllerUnavailable(
+                    f"pool {request.pool}: NATS unavailable ({type(exc).__name__})",
+                    retry_after=1.0,
+                ) from exc
+            return ACQUIRE_REPLY.validate_json(data)
+
+    async def _wait_for_change(
+        self,
+        signal: _PoolSignal,
+        generation: int,
+        changed: asyncio.Event,
+        deadline: float,
+        reply: WaitReply,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        left = deadline - loop.time()
+        if left <= 0:
+            raise ActivationTimeout(
+                f"pool swap did not complete within the swap budget (target {reply.target})",
+                retry_after=reply.retry_after_s,
+            )
+        if signal.generation != generation:
+            return  # the pool changed while we were asking
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(left, REASK_INTERVAL_S)):
+                await changed.wait()
+        if loop.time() >= deadline:
+            raise ActivationTimeout(
+                f"pool swap did not complete within the swap budget (target {reply.target})",
+                retry_after=reply.retry_after_s,
+            )
+
+    def _withdraw(self, pool: str, member: str, request_id: str) -> None:
+        """Leave the pool's waiters; runs even when the caller was cancelled."""
+        message = CancelRequest(pool=pool, member=member, request_id=request_id)
+        task = asyncio.get_running_loop().create_task(self._fire(self._subjects.cancel, message))
+        self._background(task)
+
+    async def _fire(self, subject: str, message: WireModel) -> None:
+        try:
+            await self._request(subject, message, SMALL_TIMEOUT_S)
+        except NatsError as exc:
+            log.warning("pool_message_failed", subject=subject, error=type(exc).__name__)
+
+    def _background(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- leases -----------------------------------------------------------------------
+
+    def _granted(self, pool: str, member: str, reply: Granted) -> Lease:
+        lease = Lease(
+            pool=pool, member=member, lease_id=reply.lease_id, epoch=reply.epoch, ttl_s=reply.ttl_s
+        )
+        self._renewals[lease.lease_id] = asyncio.get_running_loop().create_task(
+            self._renew_loop(lease)
+        )
+        return lease
+
+    async def _renew_loop(self, lease: Lease) -> None:
+        """Renew every ttl/3; a definitive refusal means the lease is gone: set ``lost``."""
+        interval = max(0.05, lease.ttl_s / 3)
+        message = RenewRequest(pool=lease.pool, member=lease.member, lease_id=lease.lease_id)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                data = await self._request(self._subjects.renew, message, SMALL_TIMEOUT_S)
+                reply = RenewReply.from_bytes(data)
+            except (NatsError, ValidationError) as exc:
+                log.warning("lease_renew_failed", pool=lease.pool, error=type(exc).__name__)
+                continue
+            if not reply.ok and reply.code is None:
+                log.error("lease_lost", pool=lease.pool, member=lease.member, lease=lease.lease_id)
+                lease.lost.set()
+                return
+
+    async def release(self, lease: Lease) -> None:
+        task = self._renewals.pop(lease.lease_id, None)
+        if task is not None:
+            task.cancel()
+        message = ReleaseRequest(pool=lease.pool, member=lease.member, lease_id=lease.lease_id)
+        await self._fire(self._subjects.release, message)
+
+    async def report_failure(self, lease: Lease, *, request_id: str, reason: str) -> None:
+        message = DispatchFailureReport(
+            pool=lease.pool, member=lease.member, request_id=request_id, reason=reason
+        )
+        await self._fire(self._subjects.report, message)
+
+
+def _raise_if_refused(pool: str, reply: IncumbentBusyReply | WaitReply | ErrorReply) -> None:
+    if isinstance(reply, IncumbentBusyReply):
+        raise IncumbentBusy(
+            f"pool {pool}: {reply.resident} is busy", retry_after=reply.retry_after_s
+        )
+    if isinstance(reply, ErrorReply):
+        raise ACTIVATION_ERRORS.get(reply.code, ActivationError)(
+            f"pool {pool}: {reply.message}", retry_after=reply.retry_after_s
+        )
