@@ -132,9 +132,9 @@ class NatsActivationClient:
                 reply = await self._ask(request, deadline - loop.time())
                 if isinstance(reply, Granted):
                     return self._granted(pool, member, reply)
-                _raise_if_refused(pool, reply)
+                waiting = _expect_wait(pool, reply)
                 held = True
-                await self._wait_for_change(signal, generation, changed, deadline, reply)
+                await self._wait_for_change(signal, generation, changed, deadline, waiting)
         except BaseException:
             if held:
                 self._withdraw(pool, member, request_id)
@@ -252,12 +252,14 @@ class NatsActivationClient:
         await self._fire(self._subjects.report, message)
 
 
-def _raise_if_refused(pool: str, reply: IncumbentBusyReply | WaitReply | ErrorReply) -> None:
+def _expect_wait(pool: str, reply: IncumbentBusyReply | WaitReply | ErrorReply) -> WaitReply:
+    """The reply if it says wait; otherwise the refusal as its exception."""
+    if isinstance(reply, WaitReply):
+        return reply
     if isinstance(reply, IncumbentBusyReply):
         raise IncumbentBusy(
             f"pool {pool}: {reply.resident} is busy", retry_after=reply.retry_after_s
         )
-    if isinstance(reply, ErrorReply):
-        raise ACTIVATION_ERRORS.get(reply.code, ActivationError)(
-            f"pool {pool}: {reply.message}", retry_after=reply.retry_after_s
-        )
+    raise ACTIVATION_ERRORS.get(reply.code, ActivationError)(
+        f"pool {pool}: {reply.message}", retry_after=reply.retry_after_s
+    )
