@@ -49,6 +49,36 @@ def show(value: object) -> str:
     return repr(value)
 
 
+def describe_all(errors: list[ErrorDetails], raw: Mapping[str, Any]) -> list[ConfigIssue]:
+    """Every pydantic error of one validation as issues, without echoes or repeats.
+
+    A plain union (``bool | int | str``) fails once per alternative; those collapse into
+    one issue at the field that lists what it accepts.
+    """
+    issues: list[ConfigIssue] = []
+    for error in errors:
+        if _is_echo(error, errors):
+            continue
+        loc = _strip_union_tags(error["loc"])
+        branch = _union_branch_at(loc)
+        if branch is None:
+            issues.append(describe(error, raw))
+            continue
+        field_loc = loc[:branch]
+        value = _lookup(raw, field_loc)
+        accepted = _accepted(_annotation_at(field_loc))
+        issues.append(ConfigIssue(format_path(field_loc), f"must be {accepted} ({_got(value)})"))
+    return list(dict.fromkeys(issues))
+
+
+def _is_echo(error: ErrorDetails, errors: list[ErrorDetails]) -> bool:
+    """A "too short" list error that only repeats an invalid item's own error."""
+    if error["type"] != "too_short":
+        return False
+    loc = tuple(error["loc"])
+    return any(tuple(e["loc"][: len(loc)]) == loc and len(e["loc"]) > len(loc) for e in errors)
+
+
 def describe(error: ErrorDetails, raw: Mapping[str, Any]) -> ConfigIssue:
     """One pydantic error as a config issue; ``raw`` is the mapping that was validated."""
     loc = _strip_union_tags(error["loc"])
@@ -211,6 +241,66 @@ def _annotation_at(loc: Loc) -> Any:
             return None
         annotation = fields[0].annotation
     return annotation
+
+
+def _union_branch_at(loc: Loc) -> int | None:
+    """Index of the part of ``loc`` that names an alternative of a plain union, if any."""
+    annotation: Any = HotseatConfig
+    for index, part in enumerate(loc):
+        if isinstance(part, int):
+            annotation = _element(annotation)
+            continue
+        fields = [f for m in _models_in(annotation) if (f := _field(m, part)) is not None]
+        if fields:
+            annotation = fields[0].annotation
+            continue
+        return index if _names_alternative(annotation, part) else None
+    return None
+
+
+def _names_alternative(annotation: Any, part: str) -> bool:
+    """True when ``part`` is pydantic's tag for one alternative of a plain union.
+
+    Tags are type names, sometimes wrapped (``str``, ``function-after[http_url(), str]``).
+    """
+    alternatives = [a for a in _alternatives(annotation) if a is not type(None)]
+    if len(alternatives) < 2:  # X | None is validated without tags
+        return False
+    names = [getattr(get_origin(a) or a, "__name__", "") for a in alternatives]
+    return any(name and re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", part) for name in names)
+
+
+def _alternatives(annotation: Any) -> list[Any]:
+    annotation = _strip(annotation)
+    if get_origin(annotation) not in {Union, types.UnionType}:
+        return [annotation]
+    return [a for arg in get_args(annotation) for a in _alternatives(arg)]
+
+
+def _accepted(annotation: Any) -> str:
+    """What a union field accepts, in words: ``true or false, a number, text or null``."""
+    words: list[str] = []
+    for alternative in _alternatives(annotation):
+        word = _WORDS.get(alternative) or _WORDS.get(get_origin(alternative))
+        if word is None and isinstance(alternative, type) and issubclass(alternative, BaseModel):
+            word = "a mapping"
+        if word is not None and word not in words:
+            words.append(word)
+    if len(words) < 2:
+        return words[0] if words else "something else"
+    return ", ".join(words[:-1]) + f" or {words[-1]}"
+
+
+_WORDS: dict[Any, str] = {
+    bool: "true or false",
+    int: "a number",
+    float: "a number",
+    str: "text",
+    type(None): "null",
+    tuple: "a list",
+    list: "a list",
+    dict: "a mapping",
+}
 
 
 def _field(model: type[BaseModel], name: str) -> Any:

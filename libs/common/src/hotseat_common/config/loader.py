@@ -12,24 +12,15 @@ from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
-from pydantic_core import ErrorDetails
 
 from hotseat_common.config.checks import cross_check
 from hotseat_common.config.errors import ConfigError, ConfigIssue
-from hotseat_common.config.issues import describe, format_path, show
+from hotseat_common.config.issues import describe_all, format_path, show
 from hotseat_common.config.model import HotseatConfig
 
 __all__ = ["format_path", "load_config", "parse_config"]
 
 _SECTIONS = ", ".join(f.alias or n for n, f in HotseatConfig.model_fields.items())
-
-
-def _is_echo(error: ErrorDetails, errors: list[ErrorDetails]) -> bool:
-    """A "too short" list error that only repeats an invalid item's own error."""
-    if error["type"] != "too_short":
-        return False
-    loc = tuple(error["loc"])
-    return any(tuple(e["loc"][: len(loc)]) == loc and len(e["loc"]) > len(loc) for e in errors)
 
 
 def parse_config(
@@ -54,8 +45,7 @@ def parse_config(
     try:
         config = HotseatConfig.model_validate(raw)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        issues += [describe(e, raw) for e in errors if not _is_echo(e, errors)]
+        issues += describe_all(exc.errors(include_url=False), raw)
     issues += cross_check(raw)
     if issues or config is None:
         raise ConfigError(source, list(dict.fromkeys(issues)))
