@@ -180,3 +180,8 @@ class AuditMetrics:
             "Rows deleted by the retention job.",
             registry=registry,
         )
+        self.duplicates = Counter(
+            "hotseat_audit_duplicates_total",
+            "Events received again after they were stored (redelivered or republished).",
+            registry=registry,
+        )
