@@ -1,0 +1,93 @@
+"""The control API that the controller's ``sim`` residency driver drives.
+
+- ``POST /control/load`` ``{"epoch": n}``: 202 ``{"state": "loading"}``, ready after
+  ``loadSeconds``; 200 with the current state when already loading or ready. A load that
+  does not fit the GPU's ``gpuMemoryGiB`` fails at once: 202 ``{"state": "failed",
+  "error": "out of memory: ..."}``, the state stays ``failed`` and the ledger records ``oom``.
+- ``POST /control/unload`` ``{"epoch": n}``: 202 ``{"state": "unloading"}``, in-flight
+  requests are dropped, the memory is released after ``unloadSeconds`` (state
+  ``unloaded``); 200 with the current state when already unloading, unloaded or failed.
+- ``GET /control/state``: ``{"state", "pool", "member", "error", "in_flight", "epoch"}``.
+- ``POST /control/crash`` ``{"reason": "..."}``: die out of band (fault tests).
+
+``epoch`` may be omitted; one lower than the highest this sim has seen gets 409.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from hotseat_sim.model_state import ControlResult, StaleEpoch
+from hotseat_sim.runtime import (
+    BadRequest,
+    JSONBody,
+    Sim,
+    error_response,
+    invalid_request,
+    read_json,
+)
+
+router = APIRouter(prefix="/control")
+
+
+async def _command(request: Request) -> dict[str, Any]:
+    body = await read_json(request)
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    epoch = body.get("epoch")
+    if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)):
+        raise BadRequest("'epoch' must be an integer")
+    return body
+
+
+def _answer(result: ControlResult) -> Response:
+    return JSONBody(result.body, status_code=result.status)
+
+
+def _stale(sim: Sim, exc: StaleEpoch) -> Response:
+    return error_response(
+        409, str(exc), "conflict_error", state=sim.model.phase.value, epoch=exc.seen
+    )
+
+
+@router.post("/load", response_model=None)
+async def load(request: Request, sim: Sim) -> Response:
+    try:
+        command = await _command(request)
+    except BadRequest as exc:
+        return invalid_request(str(exc))
+    try:
+        return _answer(await sim.model.load(command.get("epoch")))
+    except StaleEpoch as exc:
+        return _stale(sim, exc)
+
+
+@router.post("/unload", response_model=None)
+async def unload(request: Request, sim: Sim) -> Response:
+    try:
+        command = await _command(request)
+    except BadRequest as exc:
+        return invalid_request(str(exc))
+    try:
+        return _answer(await sim.model.unload(command.get("epoch")))
+    except StaleEpoch as exc:
+        return _stale(sim, exc)
+
+
+@router.get("/state", response_model=None)
+async def state(sim: Sim) -> Response:
+    return JSONBody(sim.model.snapshot())
+
+
+@router.post("/crash", response_model=None)
+async def crash(request: Request, sim: Sim) -> Response:
+    try:
+        command = await _command(request)
+    except BadRequest as exc:
+        return invalid_request(str(exc))
+    reason = command.get("reason")
+    return _answer(await sim.model.crash(reason if isinstance(reason, str) else "crashed"))

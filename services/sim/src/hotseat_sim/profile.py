@@ -1,0 +1,53 @@
+"""What one sim impersonates: a backend of the config, its pool member and simulated GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hotseat_common.config import HotseatConfig
+from hotseat_common.config.model import SimDriver, SimMember
+
+
+class ProfileError(ValueError):
+    """The config has no backend by that name."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimProfile:
+    """The sim's identity and timing, resolved once from the config."""
+
+    backend: str
+    model: str
+    """Model name listed by ``/v1/models`` and used when a request names none."""
+    member: str
+    """Pool member name; the backend's name when it is not pooled."""
+    pool: str | None
+    """The pool (and simulated GPU) this member belongs to; None when unpooled."""
+    capacity_gib: float | None
+    """The GPU's memory for admission; None when the pool's driver declares none."""
+    sim: SimMember
+
+    @property
+    def gpu(self) -> str | None:
+        """The simulated GPU's name in the ledger: the pool name."""
+        return self.pool
+
+
+def resolve_profile(config: HotseatConfig, backend_name: str) -> SimProfile:
+    """The profile of ``backend_name``; pooled members take their ``sim`` block's timing."""
+    backend = config.backend(backend_name)
+    if backend is None:
+        known = ", ".join(b.name for b in config.backends) or "none"
+        raise ProfileError(f"no backend named {backend_name!r} in the config (known: {known})")
+    model = backend.model or backend.name
+    if backend.pool is None:
+        return SimProfile(backend.name, model, backend.name, None, None, SimMember())
+    pool = config.pool(backend.pool.name)
+    member = pool.member(backend.pool.member) if pool is not None else None
+    sim = member.sim if member is not None and member.sim is not None else SimMember()
+    capacity = (
+        pool.driver.gpu_memory_gi_b
+        if pool is not None and isinstance(pool.driver, SimDriver)
+        else None
+    )
+    return SimProfile(backend.name, model, backend.pool.member, backend.pool.name, capacity, sim)

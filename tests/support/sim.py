@@ -1,0 +1,170 @@
+"""Run a Hotseat sim backend inside the test's event loop, on a real port.
+
+Usable by any test that needs a simulated inference server::
+
+    config = sim_pool_config({"a": {"memoryGiB": 6}, "b": {"memoryGiB": 20}}, gpu_gib=24)
+    async with run_sim(config, "a", redis_url=redis_server.url, key_prefix=prefix) as sim:
+        await sim.load(epoch=1)
+        await sim.wait_for_state("ready")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import uvicorn
+from openai import AsyncOpenAI
+
+from hotseat.launcher import free_port
+from hotseat_common.config import HotseatConfig, parse_config
+from hotseat_sim.app import create_app
+from hotseat_sim.profile import resolve_profile
+from hotseat_sim.settings import SimSettings
+
+FAST_SIM = {"loadSeconds": 0.1, "unloadSeconds": 0.05, "tokensPerSecond": 200, "slots": 2}
+
+
+def sim_pool_config(
+    members: Mapping[str, Mapping[str, Any]],
+    *,
+    pool: str = "gpu0",
+    gpu_gib: float = 24,
+    ports: Mapping[str, int] | None = None,
+    unpooled: Mapping[str, int] | None = None,
+    default: str | None = None,
+) -> HotseatConfig:
+    """One pool of sim members (fast timings unless overridden), each behind a backend of
+    the same name at ``127.0.0.1:<port>``, plus optional unpooled backends."""
+    ports = dict(ports or {})
+    backends: list[dict[str, Any]] = [
+        {
+            "name": name,
+            "address": f"http://127.0.0.1:{ports.get(name) or free_port()}",
+            "pool": {"name": pool, "member": name},
+        }
+        for name in members
+    ]
+    backends += [
+        {"name": name, "address": f"http://127.0.0.1:{port}"}
+        for name, port in (unpooled or {}).items()
+    ]
+    pool_section: dict[str, Any] = {
+        "name": pool,
+        "driver": {"kind": "sim", "gpuMemoryGiB": gpu_gib},
+        "members": [{"name": n, "sim": {**FAST_SIM, **sim}} for n, sim in members.items()],
+    }
+    if default is not None:
+        pool_section["default"] = default
+    first = next(iter(members))
+    return parse_config(
+        {
+            "backends": backends,
+            "pools": [pool_section],
+            "rules": [{"name": "all", "match": {"models": ["*"]}, "route": {"backends": [first]}}],
+        }
+    )
+
+
+@dataclass
+class SimHandle:
+    url: str
+    member: str
+    http: httpx.AsyncClient
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+
+    def openai(self) -> AsyncOpenAI:
+        """A real OpenAI SDK client pointed at this sim (no retries)."""
+        return AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
+
+    async def state(self) -> dict[str, Any]:
+        response = await self.http.get("/control/state")
+        response.raise_for_status()
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def load(self, epoch: int | None = None) -> httpx.Response:
+        return await self.http.post("/control/load", json={} if epoch is None else {"epoch": epoch})
+
+    async def unload(self, epoch: int | None = None) -> httpx.Response:
+        return await self.http.post(
+            "/control/unload", json={} if epoch is None else {"epoch": epoch}
+        )
+
+    async def wait_for_state(self, *states: str, timeout: float = 5.0) -> dict[str, Any]:
+        """Poll ``/control/state`` (the sim offers no event over HTTP) until it is one of
+        ``states``; fail after ``timeout``."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            state = await self.state()
+            if state["state"] in states:
+                return state
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"{self.member} stayed {state} instead of {states}")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if not self.task.done():
+            self.server.should_exit = True
+            await asyncio.wait_for(self.task, 15)
+
+
+@asynccontextmanager
+async def run_sim(
+    config: HotseatConfig,
+    backend: str,
+    *,
+    redis_url: str,
+    key_prefix: str,
+    loaded: bool = False,
+    port: int | None = None,
+) -> AsyncIterator[SimHandle]:
+    """Serve ``backend`` of ``config`` in this event loop; ``port`` defaults to the
+    backend's address port."""
+    profile = resolve_profile(config, backend)
+    address = config.backend(backend)
+    assert address is not None
+    port = port or int(address.address.rsplit(":", 1)[1])
+    settings = SimSettings(
+        host="127.0.0.1",
+        port=port,
+        redis_url=redis_url,
+        key_prefix=key_prefix,
+        loaded=loaded,
+        backend=backend,
+        shutdown_grace=2,
+    )
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings, profile),
+            http="httptools",
+            ws="none",
+            lifespan="on",
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=2,
+        )
+    )
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError(f"sim {backend} exited during start-up")
+        await asyncio.sleep(0.01)
+    url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        handle = SimHandle(url, profile.member, http, server, task)
+        try:
+            yield handle
+        finally:
+            await handle.stop()
+            sock.close()
