@@ -66,7 +66,8 @@ def chunk(model: str, text: str, *, finish: bool = False) -> bytes:
 
 @dataclass
 class FakeUpstream:
-    """Modes: ``ok``, ``status`` (answer ``status``), ``hang`` (never answer), ``echo``,
+    """Modes: ``ok``, ``status`` (answer ``status``), ``hang`` (never answer), ``slow``
+    (answer after ``delay_s``), ``echo``,
     ``stream`` (first chunk, then the rest once ``gate`` is set), ``stream_forever``
     (one chunk, then nothing until the client leaves), ``stream_stall`` (one chunk, then
     silence). A JSON body's ``stream: true`` switches ``ok`` to a short SSE stream."""
@@ -74,6 +75,7 @@ class FakeUpstream:
     name: str
     mode: str = "ok"
     status: int = 500
+    delay_s: float = 0.0
     requests: list[Received] = field(default_factory=list)
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     finished: asyncio.Event = field(default_factory=asyncio.Event)
@@ -119,6 +121,9 @@ class FakeUpstream:
             return web.json_response(error, status=self.status, headers=headers)
         if self.mode == "hang":
             await asyncio.Event().wait()
+        if self.mode == "slow":
+            # A slow model is the behaviour under test here, not a synchronisation stand-in.
+            await asyncio.sleep(self.delay_s)
         if self.mode == "echo":
             received = self.requests[-1]
             return web.json_response(
