@@ -130,7 +130,7 @@ async def test_api_keys_from_env_and_file(upstream, start_router, client, tmp_pa
 async def test_header_hygiene(echo_router, client):
     """The upstream sees no client Authorization and no hop-by-hop headers, but does see
     end-to-end ones and the request id."""
-    router, echo = echo_router
+    router, _ = echo_router
     response = await client.post(
         router.url + CHAT,
         json=BODY,

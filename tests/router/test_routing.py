@@ -22,7 +22,6 @@ def backends(fakes, **extra_by_name):
 
 async def test_model_glob_header_and_classification(three, start_router, client):
     """The first rule whose globs, headers (any name case) and classification all match wins."""
-    a, b, c = three
     router = await start_router(
         {
             "backends": backends(three),
