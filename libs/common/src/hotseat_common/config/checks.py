@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -52,10 +52,17 @@ def _section(parent: Mapping[str, Any], key: str, path: str, *, required: bool) 
 
 def _name(item: Mapping[str, Any]) -> str | None:
     """The item's name, or None when it has no valid one (reported by the field check)."""
+    name = item.get("name")
+    return name if _is_name(name) else None
+
+
+def _is_name(value: object) -> TypeGuard[str]:
+    """True for a valid name; an invalid one is reported by the field check, not here."""
     try:
-        return _NAME.validate_python(item.get("name"), strict=True)
+        _NAME.validate_python(value, strict=True)
     except ValidationError:
-        return None
+        return False
+    return True
 
 
 def _unique(section: _Section) -> Iterator[ConfigIssue]:
@@ -100,7 +107,7 @@ def cross_check(raw: Mapping[str, Any]) -> list[ConfigIssue]:
     issues += _check_backend_pools(backends, pools, pool_members)
     issues += _check_rules(rules, backends)
     default_route = raw.get("defaultRoute")
-    if isinstance(default_route, str) and backends.complete and default_route not in backends.names:
+    if _is_name(default_route) and backends.complete and default_route not in backends.names:
         issues.append(
             ConfigIssue(
                 "defaultRoute",
@@ -112,7 +119,7 @@ def cross_check(raw: Mapping[str, Any]) -> list[ConfigIssue]:
 
 def _check_default(index: int, pool: Mapping[str, Any], members: _Section) -> Iterator[ConfigIssue]:
     default = pool.get("default")
-    if isinstance(default, str) and members.complete and default not in members.names:
+    if _is_name(default) and members.complete and default not in members.names:
         yield ConfigIssue(
             f"pools[{index}].default",
             _unknown(default, "a member of this pool", members.names, "members"),
@@ -128,7 +135,7 @@ def _check_backend_pools(
         if not isinstance(ref, Mapping):
             continue
         pool_name, member = ref.get("name"), ref.get("member")
-        if not isinstance(pool_name, str) or not isinstance(member, str):
+        if not _is_name(pool_name) or not _is_name(member):
             continue
         members = pool_members.get(pool_name)
         if members is None:
@@ -161,7 +168,7 @@ def _check_rules(rules: _Section, backends: _Section) -> Iterator[ConfigIssue]:
             continue
         listed: dict[str, int] = {}
         for j, target in enumerate(targets):
-            if not isinstance(target, str):
+            if not _is_name(target):
                 continue
             path = f"rules[{i}].route.backends"
             if target in listed:
