@@ -51,16 +51,16 @@ async def upstream() -> AsyncIterator[Callable[[str], Awaitable[FakeUpstream]]]:
         await fake.stop()
 
 
-def settings_for(nats_url: str, prefix: str, **overrides: Any) -> RouterSettings:
-    return RouterSettings(
-        nats_url=nats_url,
-        subject_prefix=prefix,
-        audit_stream=f"{prefix}_AUDIT",
-        port=free_port(),
-        instance=f"router-{prefix}",
-        shutdown_grace=5,
-        **overrides,
-    )
+def settings_for(default_nats: str, prefix: str, **overrides: Any) -> RouterSettings:
+    values: dict[str, Any] = {
+        "nats_url": default_nats,
+        "subject_prefix": prefix,
+        "audit_stream": f"{prefix}_AUDIT",
+        "port": free_port(),
+        "instance": f"router-{prefix}",
+        "shutdown_grace": 5,
+    }
+    return RouterSettings(**{**values, **overrides})
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from hotseat_common.audit_stream import AuditPublisher, AuditStreamSpec, ensure_audit_stream
 from hotseat_common.config import HotseatConfig, load_config
 from hotseat_common.connections import connect_nats
-from hotseat_common.logging import get_logger
+from hotseat_common.logging import configure_logging, get_logger
 from hotseat_common.metrics import RouterMetrics
 from hotseat_common.service import Readiness, ops_router
 from hotseat_common.subjects import Subjects
@@ -245,6 +245,9 @@ async def _drain(nc: NatsClient) -> None:
 def app_from_env() -> RouterApp:
     """Factory for ``uvicorn --factory`` (several workers): settings from ``HOTSEAT_*``."""
     settings = RouterSettings()
+    configure_logging(
+        "router", level=settings.log_level, fmt=settings.log_format, instance=settings.instance
+    )
     if settings.config is None:
         raise SystemExit("HOTSEAT_CONFIG is not set")
     return create_app(settings, load_config(settings.config))

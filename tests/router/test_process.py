@@ -1,0 +1,125 @@
+"""The ``hotseat-router`` entry point as users run it: flags, config errors, SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+
+import httpx
+import yaml
+
+from hotseat.launcher import find_binary, free_port, start_service
+
+CHAT = "/v1/chat/completions"
+
+
+def write_config(tmp_path, backends, **extra):
+    path = tmp_path / "hotseat.yaml"
+    path.write_text(yaml.safe_dump({"backends": backends, **extra}))
+    return path
+
+
+def router_args(nats_server, prefix, config, *more):
+    return [
+        "--config", str(config),
+        "--nats-url", nats_server.url,
+        "--subject-prefix", prefix,
+        "--audit-stream", f"{prefix}_AUDIT",
+        "--instance", f"router-{prefix}",
+        *more,
+    ]  # fmt: skip
+
+
+def test_invalid_config_exits_2(tmp_path):
+    """An invalid config stops the router with exit code 2 and the error's path."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("rules:\n  - name: r\n    route: {backends: [nope]}\n")
+    done = subprocess.run(
+        [find_binary("hotseat-router"), "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "rules[0].route.backends[0]" in done.stderr
+
+
+async def test_sigterm_lets_streams_finish(upstream, nats_server, prefix, tmp_path, audit):
+    """On SIGTERM the router stops accepting, finishes the in-flight stream, flushes audit
+    events and exits."""
+    a = await upstream("a")
+    a.mode = "stream"
+    config = write_config(tmp_path, [{"name": "a", "address": a.url}], defaultRoute="a")
+    port = free_port()
+    proc = await asyncio.to_thread(
+        start_service,
+        "router",
+        "hotseat-router",
+        router_args(nats_server, prefix, config, "--shutdown-grace", "20"),
+        port=port,
+        log_dir=tmp_path,
+    )
+    try:
+        async with (
+            httpx.AsyncClient(timeout=10) as http,
+            http.stream(
+                "POST",
+                f"{proc.url}{CHAT}",
+                json={"model": "m", "stream": True},
+                headers={"x-hotseat-request-id": "in-flight"},
+            ) as response,
+        ):
+            chunks = response.aiter_raw()
+            assert b"from a" in await anext(chunks)
+            proc.popen.send_signal(signal.SIGTERM)
+            deadline = asyncio.get_running_loop().time() + 10
+            while "Shutting down" not in proc.log_text():
+                assert asyncio.get_running_loop().time() < deadline, proc.log_text()
+                await asyncio.sleep(0.05)
+            try:
+                async with httpx.AsyncClient(timeout=2) as fresh:
+                    await fresh.get(f"{proc.url}/healthz")
+                accepting = True
+            except httpx.ConnectError:
+                accepting = False
+            assert not accepting
+            a.gate.set()
+            rest = b"".join([c async for c in chunks])
+        assert rest.endswith(b"data: [DONE]\n\n")
+        code = await asyncio.to_thread(proc.popen.wait, 20)
+        # uvicorn re-raises the signal it handled once shutdown is complete.
+        assert code in {0, -signal.SIGTERM}
+        event = await audit.request_event("in-flight")
+        assert event["outcome"] == "served"
+        assert "router_stopping" in proc.log_text()
+    finally:
+        proc.stop()
+
+
+async def test_two_workers_serve(upstream, nats_server, prefix, tmp_path):
+    """--workers 2 starts two processes that both serve from the same port."""
+    a = await upstream("a")
+    config = write_config(tmp_path, [{"name": "a", "address": a.url}], defaultRoute="a")
+    proc = await asyncio.to_thread(
+        start_service,
+        "router",
+        "hotseat-router",
+        router_args(nats_server, prefix, config, "--workers", "2"),
+        port=free_port(),
+        log_dir=tmp_path,
+    )
+    try:
+        # Each worker logs once its lifespan is up; there is no other signal to await.
+        deadline = asyncio.get_running_loop().time() + 30
+        while proc.log_text().count("router_started") < 2:
+            assert asyncio.get_running_loop().time() < deadline, proc.log_text()
+            await asyncio.sleep(0.1)
+        async with httpx.AsyncClient(timeout=10) as http:
+            for _ in range(4):
+                response = await http.post(f"{proc.url}{CHAT}", json={"model": "m"})
+                assert response.status_code == 200
+                assert response.headers["x-hotseat-backend"] == "a"
+    finally:
+        proc.stop()
