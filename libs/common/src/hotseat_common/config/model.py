@@ -157,6 +157,9 @@ class ProcessDriver(_Model):
     """How long a stopping process may take to exit before it is killed."""
     ready_timeout: PositiveDuration | None = None
     """How long a started process may take to answer its health URL (optional)."""
+    data_dir: str | None = None
+    """Directory of each member's pid file and default log file (unset:
+    ``$XDG_STATE_HOME/hotseat``, else ``~/.local/state/hotseat``)."""
 
 
 class HttpDriver(_Model):
@@ -207,6 +210,20 @@ class ProcessMember(_Model):
     """File that receives the process's output."""
 
 
+class LoadedCheck(_Model):
+    """A JSON answer that says whether a member is loaded, for servers whose health URL
+    answers 200 either way (a sleeping vLLM, an Ollama server)."""
+
+    url: HttpUrl
+    """URL answering JSON (vLLM ``/is_sleeping``, Ollama ``/api/ps``)."""
+    field: str = Field(min_length=1)
+    """Where to look: dotted keys, ``[]`` for every item of a list (``is_sleeping``,
+    ``models[].name``)."""
+    equals: bool | int | float | str | None
+    """The value that means loaded; the member is loaded when any value at ``field``
+    equals it (``false`` for vLLM's ``is_sleeping``, the model's full name for Ollama)."""
+
+
 class HttpMember(_Model):
     load_url: HttpUrl
     """URL called to load the member (e.g. vLLM's ``/wake_up``)."""
@@ -222,6 +239,9 @@ class HttpMember(_Model):
     """JSON body of the load call."""
     unload_body: dict[str, object] | None = None
     """JSON body of the unload call."""
+    loaded_check: LoadedCheck | None = None
+    """When set, the member is ready only when its health URL answers 200 and this check
+    passes, and unloaded once the check fails."""
 
 
 class KubernetesMember(_Model):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from hotseat_common.config.model import HotseatConfig, Pool
 from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
+from hotseat_pool_controller.drivers.http import HttpDriver
+from hotseat_pool_controller.drivers.process import ProcessDriver
 from hotseat_pool_controller.drivers.sim import SimDriver
 
 __all__ = ["DriverError", "ResidencyDriver", "build_driver"]
@@ -14,4 +16,8 @@ def build_driver(config: HotseatConfig, pool: Pool) -> ResidencyDriver:
     kind = pool.driver.kind
     if kind == "sim":
         return SimDriver(config, pool)
+    if kind == "process":
+        return ProcessDriver(config, pool)
+    if kind == "http":
+        return HttpDriver(config, pool)
     raise NotImplementedError(f"pool {pool.name}: driver kind {kind!r} is not available yet")

@@ -1,0 +1,391 @@
+"""The ``process`` driver: a member is a local server process, started to load, stopped to unload.
+
+Load: start the member's command (an argv list, no shell) in its own session, output
+appended to its log file, a pid file written; ready once its health URL answers 200
+(llama.cpp answers 503 while the model loads). A process that exits first is an error
+carrying the tail of its log.
+
+Unload, written for servers that hang on SIGTERM while a request is in flight (llama.cpp's
+``llama-server`` does):
+
+1. SIGTERM to the member's whole process group.
+2. Wait up to ``stopGracePeriod`` for the leader to be reaped and the group to be empty.
+3. SIGKILL the group, and wait (bounded) until it is empty.
+4. Wait until the member's port refuses connections.
+
+Only then does ``unload`` return, so the next load never meets the old process.
+
+Scope: one host. A driver can only signal processes on its own host; the pid file lets
+another driver on the same host (a restarted controller, a standby replica) find and stop
+a member it did not start. Run the controller as a single replica, or active/standby on
+the host that runs the members.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+from hotseat_common.config.model import HotseatConfig, Pool
+from hotseat_common.config.model import ProcessDriver as ProcessDriverConfig
+from hotseat_common.logging import get_logger
+from hotseat_pool_controller.drivers import processgroup
+from hotseat_pool_controller.drivers.base import DriverError
+from hotseat_pool_controller.drivers.probes import fetch_idle
+from hotseat_pool_controller.drivers.processgroup import PidRecord
+
+__all__ = ["ProcessDriver", "default_data_dir"]
+
+log = get_logger(__name__)
+
+POLL_INTERVAL_S = 0.05
+"""How often readiness, exit and port release are checked when no event says so."""
+KILL_CONFIRM_TIMEOUT_S = 10.0
+"""How long a SIGKILLed group may take to disappear (a process stuck in the kernel)."""
+PORT_RELEASE_TIMEOUT_S = 5.0
+"""How long the port may keep accepting connections once the process group is gone."""
+HTTP_TIMEOUT = httpx.Timeout(2.0, connect=1.0)
+
+
+def default_data_dir() -> Path:
+    """``$XDG_STATE_HOME/hotseat``, else ``~/.local/state/hotseat``."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "hotseat"
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """One member, resolved from the config."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str | None
+    health_url: str
+    slots_url: str
+    host: str
+    port: int
+    log_path: Path
+    pid_path: Path
+
+
+@dataclass
+class _Running:
+    """A member's process: started here (``proc`` set) or found through its pid file."""
+
+    record: PidRecord
+    proc: asyncio.subprocess.Process | None = None
+    exited: asyncio.Task[int] | None = None
+    was_ready: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def pid(self) -> int:
+        return self.record.pid
+
+    def alive(self) -> bool:
+        if self.exited is not None:
+            return not self.exited.done()
+        return processgroup.is_alive(self.record.pid, self.record.create_time)
+
+    def exit_code(self) -> int | None:
+        if self.exited is not None and self.exited.done() and not self.exited.cancelled():
+            return self.exited.result()
+        return None
+
+    async def wait_exit(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the leader to exit (and be reaped); True if it did."""
+        if self.exited is not None:
+            done, _ = await asyncio.wait({self.exited}, timeout=timeout)
+            return bool(done)
+        deadline = time.monotonic() + timeout
+        while self.alive():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(POLL_INTERVAL_S)
+        return True
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.hostname or "127.0.0.1", port
+
+
+class ProcessDriver:
+    """Runs each member as a local process; see the module docstring for the algorithm."""
+
+    def __init__(self, config: HotseatConfig, pool: Pool) -> None:
+        if not isinstance(pool.driver, ProcessDriverConfig):
+            raise DriverError(f"pool {pool.name}: not a process pool")
+        self._pool = pool.name
+        self._grace = pool.driver.stop_grace_period
+        self._ready_timeout = pool.driver.ready_timeout
+        data_dir = Path(pool.driver.data_dir) if pool.driver.data_dir else default_data_dir()
+        self._dir = data_dir.expanduser() / pool.name
+        self._specs: dict[str, _Spec] = {}
+        for member in pool.members:
+            if member.process is None:
+                raise DriverError(f"pool {pool.name}: member {member.name} has no process block")
+            backend = config.member_backend(pool.name, member.name)
+            base = backend.address if backend is not None else None
+            health = member.process.health_url or (base + "/health" if base else None)
+            if health is None:
+                raise DriverError(
+                    f"pool {pool.name}: member {member.name} needs a healthUrl or a backend"
+                )
+            log_file = Path(member.process.log_file or f"{member.name}.log").expanduser()
+            host, port = _address(base or health)
+            self._specs[member.name] = _Spec(
+                name=member.name,
+                argv=member.process.command,
+                env=dict(member.process.env),
+                cwd=member.process.cwd,
+                health_url=health,
+                slots_url=member.process.slots_url or (base or health.rsplit("/", 1)[0]) + "/slots",
+                host=host,
+                port=port,
+                log_path=log_file if log_file.is_absolute() else self._dir / log_file,
+                pid_path=self._dir / f"{member.name}.pid",
+            )
+        self._running: dict[str, _Running] = {}
+        self._locks = {name: asyncio.Lock() for name in self._specs}
+        self._client = httpx.AsyncClient(
+            timeout=HTTP_TIMEOUT, limits=httpx.Limits(max_connections=32), trust_env=False
+        )
+
+    # --- the ResidencyDriver interface ------------------------------------------------
+
+    async def load(self, member: str, *, epoch: int) -> None:
+        spec = self._spec(member)
+        async with self._locks[member]:
+            run = self._find(spec)
+            if run is not None and run.alive():
+                if await self._health_ok(spec):
+                    run.was_ready = True
+                    return
+                if not run.was_ready:  # still starting (a load that was cancelled earlier)
+                    await self._wait_ready(spec, run)
+                    return
+                log.warning("process_member_unhealthy_restart", pool=self._pool, member=member)
+            if run is not None:
+                await self._stop(spec, run)
+            run = await self._start(spec, epoch)
+            await self._wait_ready(spec, run)
+
+    async def unload(self, member: str, *, epoch: int) -> None:
+        spec = self._spec(member)
+        async with self._locks[member]:
+            run = self._find(spec)
+            if run is not None:
+                await self._stop(spec, run)
+            else:
+                await self._confirm_port_released(spec)
+
+    async def is_ready(self, member: str) -> bool:
+        spec = self._spec(member)
+        run = self._find(spec)
+        if run is None or not run.alive():
+            return False
+        ready = await self._health_ok(spec) and run.alive()
+        run.was_ready = run.was_ready or ready
+        return ready
+
+    async def is_idle(self, member: str) -> bool:
+        spec = self._spec(member)
+        run = self._find(spec)
+        if run is None or not run.alive():
+            raise DriverError(f"{member}: not running, no slots to ask")
+        return await fetch_idle(self._client, member, spec.slots_url)
+
+    async def residency(self) -> dict[str, bool]:
+        result: dict[str, bool] = {}
+        for name, spec in self._specs.items():
+            run = self._find(spec)
+            result[name] = run is not None and run.alive()
+        return result
+
+    async def aclose(self) -> None:
+        """Stop every member this driver started or found, then close the HTTP client.
+
+        Takes no member lock: a load still waiting for readiness sees its process go and
+        fails, rather than holding the shutdown up.
+        """
+        try:
+            runs = list(self._running.items())
+            results = await asyncio.gather(
+                *(self._stop(self._specs[name], run) for name, run in runs),
+                return_exceptions=True,
+            )
+            for (name, _), result in zip(runs, results, strict=True):
+                if isinstance(result, BaseException):
+                    log.error("process_member_stop_failed", pool=self._pool, member=name,
+                              error=str(result))  # fmt: skip
+        finally:
+            await self._client.aclose()
+
+    # --- internals --------------------------------------------------------------------
+
+    def _spec(self, member: str) -> _Spec:
+        try:
+            return self._specs[member]
+        except KeyError:
+            raise DriverError(f"pool {self._pool}: no member {member!r}") from None
+
+    def _find(self, spec: _Spec) -> _Running | None:
+        """This member's process: the one started here, else the one in its pid file."""
+        run = self._running.get(spec.name)
+        if run is not None:
+            return run
+        record = processgroup.read_pid_file(spec.pid_path)
+        if record is None:
+            return None
+        alive = processgroup.is_alive(record.pid, record.create_time)
+        if not alive and not processgroup.group_members(record.pid, record.create_time):
+            processgroup.remove_pid_file(spec.pid_path, record)
+            return None
+        log.info("process_member_found", pool=self._pool, member=spec.name, pid=record.pid,
+                 alive=alive, epoch=record.epoch)  # fmt: skip
+        run = _Running(record=record)
+        self._running[spec.name] = run
+        return run
+
+    async def _health_ok(self, spec: _Spec) -> bool:
+        try:
+            response = await self._client.get(spec.health_url)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    def _executable(self, spec: _Spec) -> str:
+        command = spec.argv[0]
+        path = spec.env.get("PATH", os.environ.get("PATH"))
+        if os.sep in command and spec.cwd is not None:
+            command = str(Path(spec.cwd) / command)
+        found = shutil.which(command, path=path)
+        if found is None:
+            raise DriverError(
+                f"{spec.name}: cannot start {spec.argv[0]!r}: not found or not executable"
+                + ("" if os.sep in spec.argv[0] else " on PATH")
+            )
+        return found
+
+    async def _start(self, spec: _Spec, epoch: int) -> _Running:
+        executable = self._executable(spec)
+        if await processgroup.port_accepts(spec.host, spec.port):
+            raise DriverError(
+                f"{spec.name}: {spec.host}:{spec.port} already accepts connections but no "
+                "process of this member is known; stop whatever listens there first"
+            )
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        spec.pid_path.parent.mkdir(parents=True, exist_ok=True)
+        with spec.log_path.open("ab") as log_file:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            header = f"{processgroup.LOG_MARKER} {spec.name} (epoch {epoch}) at {stamp}: "
+            log_file.write((header + " ".join(spec.argv) + "\n").encode())
+            log_file.flush()
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    executable,
+                    *spec.argv[1:],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **spec.env},
+                    cwd=spec.cwd,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise DriverError(f"{spec.name}: cannot start {spec.argv[0]!r}: {exc}") from exc
+        exited = asyncio.create_task(proc.wait(), name=f"process-{self._pool}-{spec.name}-exit")
+        try:
+            created = processgroup.create_time(proc.pid)
+        except Exception:
+            created = time.time()  # it exited already; the exit task reports that
+        record = PidRecord(pid=proc.pid, create_time=created, epoch=epoch, argv=spec.argv)
+        run = _Running(record=record, proc=proc, exited=exited)
+        self._running[spec.name] = run
+        processgroup.write_pid_file(spec.pid_path, record)
+        log.info("process_member_started", pool=self._pool, member=spec.name, pid=proc.pid,
+                 epoch=epoch, log=str(spec.log_path))  # fmt: skip
+        return run
+
+    async def _wait_ready(self, spec: _Spec, run: _Running) -> None:
+        deadline = None if self._ready_timeout is None else run.started + self._ready_timeout
+        while True:
+            if not run.alive():
+                await self._stop(spec, run, confirm_port=False)
+                code = run.exit_code()
+                raise DriverError(
+                    f"{spec.name}: exited before ready"
+                    + (f" (exit code {code})" if code is not None else "")
+                    + f"; last lines of {spec.log_path}:\n"
+                    + processgroup.log_tail(spec.log_path)
+                )
+            if await self._health_ok(spec) and run.alive():
+                run.was_ready = True
+                log.info("process_member_ready", pool=self._pool, member=spec.name,
+                         pid=run.pid, seconds=round(time.monotonic() - run.started, 3))  # fmt: skip
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                await self._stop(spec, run)
+                raise DriverError(
+                    f"{spec.name}: not ready after {self._ready_timeout}s (readyTimeout); "
+                    f"stopped it. Last lines of {spec.log_path}:\n"
+                    + processgroup.log_tail(spec.log_path)
+                )
+            await run.wait_exit(POLL_INTERVAL_S)  # wakes at once when the process exits
+
+    async def _stop(self, spec: _Spec, run: _Running, *, confirm_port: bool = True) -> None:
+        """SIGTERM the group, SIGKILL after the grace period, confirm the group is gone."""
+        pgid = run.pid  # a session leader's group id is its pid
+        began = time.monotonic()
+        if await self._members(run):
+            processgroup.signal_group(pgid, signal.SIGTERM)
+            log.info("process_member_stopping", pool=self._pool, member=spec.name, pid=pgid)
+        if not await self._group_gone(run, self._grace):
+            processgroup.signal_group(pgid, signal.SIGKILL)
+            log.warning("process_member_killed", pool=self._pool, member=spec.name, pid=pgid,
+                        grace_s=self._grace)  # fmt: skip
+            if not await self._group_gone(run, KILL_CONFIRM_TIMEOUT_S):
+                raise DriverError(
+                    f"{spec.name}: processes {await self._members(run)} survive SIGKILL"
+                )
+        self._running.pop(spec.name, None)
+        processgroup.remove_pid_file(spec.pid_path, run.record)
+        if confirm_port:
+            await self._confirm_port_released(spec)
+        log.info("process_member_stopped", pool=self._pool, member=spec.name, pid=pgid,
+                 exit_code=run.exit_code(), seconds=round(time.monotonic() - began, 3))  # fmt: skip
+
+    async def _members(self, run: _Running) -> list[int]:
+        return await asyncio.to_thread(processgroup.group_members, run.pid, run.record.create_time)
+
+    async def _group_gone(self, run: _Running, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        if not await run.wait_exit(timeout):
+            return False
+        while await self._members(run):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(POLL_INTERVAL_S)
+        return True
+
+    async def _confirm_port_released(self, spec: _Spec) -> None:
+        deadline = time.monotonic() + PORT_RELEASE_TIMEOUT_S
+        while await processgroup.port_accepts(spec.host, spec.port):
+            if time.monotonic() >= deadline:
+                raise DriverError(
+                    f"{spec.name}: {spec.host}:{spec.port} still accepts connections with no "
+                    "process of this member running (something else listens there)"
+                )
+            await asyncio.sleep(POLL_INTERVAL_S)
