@@ -82,9 +82,7 @@ async def test_streamed_and_plain_text_agree(start_sim: StartSim, config) -> Non
     sim = await start_sim(config, "assistant", loaded=True)
     messages = [{"role": "user", "content": "determinism"}]
     async with sim.openai() as client:
-        plain = await client.chat.completions.create(
-            model="a", messages=messages, max_tokens=5
-        )
+        plain = await client.chat.completions.create(model="a", messages=messages, max_tokens=5)
         stream = await client.chat.completions.create(
             model="a", messages=messages, max_tokens=5, stream=True
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +23,11 @@ from openai import AsyncOpenAI
 
 from hotseat.launcher import free_port
 from hotseat_common.config import HotseatConfig, parse_config
+from hotseat_common.keys import Keys
 from hotseat_sim.app import create_app
 from hotseat_sim.profile import resolve_profile
 from hotseat_sim.settings import SimSettings
+from hotseat_sim.timeline import LedgerEntry, read_timeline
 
 FAST_SIM = {"loadSeconds": 0.1, "unloadSeconds": 0.05, "tokensPerSecond": 200, "slots": 2}
 
@@ -168,3 +170,23 @@ async def run_sim(
         finally:
             await handle.stop()
             sock.close()
+
+
+async def wait_for_timeline(
+    redis: Any,
+    keys: Keys,
+    gpu: str,
+    predicate: Callable[[list[LedgerEntry]], bool],
+    *,
+    timeout: float = 5.0,
+) -> list[LedgerEntry]:
+    """The ledger of ``gpu`` once ``predicate`` holds (sims append asynchronously)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        timeline = await read_timeline(redis, keys, gpu)
+        if predicate(timeline):
+            return timeline
+        if asyncio.get_running_loop().time() > deadline:
+            events = [(e.event.value, e.member, dict(e.fields)) for e in timeline]
+            raise AssertionError(f"ledger of {gpu} never matched: {events}")
+        await asyncio.sleep(0.01)

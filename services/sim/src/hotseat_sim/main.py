@@ -12,9 +12,7 @@ from urllib.parse import urlsplit
 
 from hotseat_common.config import ConfigError, load_config
 from hotseat_common.logging import configure_logging
-from hotseat_common.service import run_app
 from hotseat_common.settings import load_settings
-from hotseat_sim.app import create_app
 from hotseat_sim.profile import ProfileError, SimProfile, resolve_profile
 from hotseat_sim.settings import SimSettings
 
@@ -65,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if isinstance(prepared, int):
         sys.exit(prepared)
     settings, profile = prepared
+    # The web stack is imported only once the invocation is known to be good (fast exit 2).
+    from hotseat_common.service import run_app  # noqa: PLC0415
+    from hotseat_sim.app import create_app  # noqa: PLC0415
+
     configure_logging(
         "hotseat-sim",
         level=settings.log_level,
