@@ -1,0 +1,92 @@
+"""Pure pieces of the router, without I/O: matching, passive health, API keys, errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from hotseat_common.config import parse_config
+from hotseat_common.errors import IncumbentBusy
+from hotseat_router.auth import ApiKeyCheck
+from hotseat_router.body import parse_body, with_model
+from hotseat_router.errors import BodyTooLarge, InvalidJson, error_answer, retry_after_seconds
+from hotseat_router.health import Admission, PassiveHealth
+from hotseat_router.matching import Matcher
+
+
+def test_first_matching_rule_wins_and_conditions_combine():
+    """Rules are tried in order; a rule's model, header and classification conditions AND."""
+    config = parse_config(
+        {
+            "backends": [{"name": n, "address": f"http://{n}:1"} for n in ("a", "b", "c")],
+            "rules": [
+                {
+                    "name": "both",
+                    "match": {"models": ["x*"], "headers": {"X-A": "1"}},
+                    "route": {"backends": ["a"]},
+                },
+                {"name": "x", "match": {"models": ["x*"]}, "route": {"backends": ["b"]}},
+                {
+                    "name": "cls",
+                    "match": {"dataClassification": ["PHI"]},
+                    "route": {"backends": ["c"]},
+                },
+            ],
+        }
+    )
+    matcher = Matcher(config)
+    assert matcher.route("xy", {"x-a": "1"}).rule == "both"
+    assert matcher.route("xy", {"x-a": "2"}).rule == "x"
+    assert matcher.route("y", {"x-hotseat-classification": " phi "}).rule == "cls"
+    assert matcher.route("y", {}) is None
+
+
+def test_quarantine_then_single_trial():
+    """A failed backend is refused until its quarantine ends, then admitted once as a trial."""
+    now = [0.0]
+    changes: list[tuple[str, bool]] = []
+    health = PassiveHealth(10, clock=lambda: now[0], on_change=lambda b, h: changes.append((b, h)))
+    assert health.admit("a") is Admission.NORMAL
+    health.failed("a")
+    assert health.admit("a") is None
+    now[0] = 10.0
+    assert health.admit("a") is Admission.TRIAL
+    assert health.admit("a") is None
+    health.abandoned("a", Admission.TRIAL)
+    assert health.admit("a") is Admission.TRIAL
+    health.succeeded("a")
+    assert health.admit("a") is Admission.NORMAL
+    assert changes == [("a", False), ("a", True)]
+
+
+def test_api_keys_constant_time_check():
+    """Only a configured Bearer key passes; no keys means no check."""
+    check = ApiKeyCheck(["k1", "k2"])
+    assert check.allows(b"Bearer k2")
+    assert check.allows(b"bearer k1")
+    assert not check.allows(b"Bearer k3")
+    assert not check.allows(b"k1")
+    assert not check.allows(None)
+    assert ApiKeyCheck([]).allows(None)
+
+
+def test_body_parsing_and_rewrite():
+    """Only model and stream are read; a rewrite changes only the model."""
+    fields = parse_body(b'{"model": "a", "stream": true, "n": 1}')
+    assert (fields.model, fields.stream) == ("a", True)
+    assert parse_body(b'{"model": "a", "stream": "yes"}').stream is False
+    assert with_model(fields, "b") == b'{"model":"b","stream":true,"n":1}'
+    with pytest.raises(InvalidJson):
+        parse_body(b"\xff")
+
+
+def test_error_answers():
+    """Codes map to status, OpenAI body and whole-second Retry-After where due."""
+    status, headers, body = error_answer(IncumbentBusy("busy", retry_after=1.2))
+    assert status == 503
+    assert (b"retry-after", b"2") in headers
+    assert b'"code":"pool_incumbent_busy"' in body
+    status, headers, _ = error_answer(BodyTooLarge("big"))
+    assert status == 413
+    assert not any(name == b"retry-after" for name, _ in headers)
+    assert retry_after_seconds(None) == 1
+    assert retry_after_seconds(0.01) == 1
