@@ -7,6 +7,7 @@ Cross-references between sections are checked in :mod:`hotseat_common.config.che
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -22,11 +23,16 @@ PositiveDuration = Annotated[Duration, Field(gt=0)]
 """A duration that must be longer than zero (a zero deadline could never be met)."""
 
 
+_HOST_PORT = re.compile(r"^(?!https?\b)[A-Za-z0-9.-]+(:\d+)?(/.*)?$")
+"""``localhost:8080/v1``: an address written without its scheme."""
+
+
 def http_url(value: str) -> str:
     """Check that ``value`` is an absolute http:// or https:// URL with a host."""
     parts = urlsplit(value)
     if parts.scheme not in {"http", "https"}:
-        raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        hint = f" (did you mean 'http://{value}'?)" if _HOST_PORT.match(value) else ""
+        raise ValueError(f"{value!r} is not an http:// or https:// URL{hint}")
     if not parts.hostname:
         raise ValueError(f"{value!r} has no host (e.g. http://127.0.0.1:8080)")
     try:
