@@ -16,9 +16,9 @@ a loaded check, when the health URL answers anything but 200. Anything else (a t
 malformed answer) is unknown: never ready, never confirmed gone.
 
 ``load`` calls the load URL unless the member is ready already, then waits until it is
-ready. ``unload`` calls the unload URL unless the server is down (a member that is still
-loading can look gone without a loaded check, so only a refused connection skips the
-call), then waits until it is gone. The call and the wait after it are each bounded by
+ready. ``unload`` calls the unload URL unless the member is gone already (without a
+loaded check, a member still loading looks gone, so then only a refused connection skips
+the call), then waits until it is gone. The call and the wait after it are each bounded by
 ``requestTimeout``.
 """
 
@@ -123,8 +123,9 @@ class HttpDriver:
     async def unload(self, member: str, *, epoch: int) -> None:
         spec = self._spec(member)
         async with self._locks[member]:
-            if (await self._probe(spec)).down:
-                return  # nothing listens: the server is down, and its model with it
+            probe = await self._probe(spec)
+            if probe.down or (spec.loaded_check is not None and probe.state is State.GONE):
+                return  # the server is down, or its loaded check says the model is out
             await self._call(spec, spec.unload_url, spec.unload_body, "unload", epoch)
             await self._wait_for(spec, State.GONE)
 
