@@ -11,8 +11,8 @@ Shutdown (SIGTERM/SIGINT, after uvicorn stops taking requests):
    ``shutdown_grace``; a batch still unfinished then is left unacknowledged and is
    redelivered to the next consumer, never lost);
 3. the retention job stops between batches;
-4. the pull subscription is removed and NATS drained, so the last acknowledgements
-   reach the server;
+4. the fetch inbox is removed (messages fetched but not handled are handed back) and
+   NATS drained, so the last acknowledgements reach the server;
 5. the store is closed, and one line tallies what this process did.
 
 A background loop that dies unexpectedly marks the service failed and stops it, so the
@@ -103,7 +103,7 @@ def create_app(settings: AuditSettings) -> tuple[FastAPI, Supervisor]:
             await ensure_audit_stream(js, settings.stream_spec(), update=True)
 
             consumer = AuditConsumer(
-                js,
+                nc,
                 store,
                 metrics,
                 stream=settings.audit_stream,

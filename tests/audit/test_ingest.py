@@ -1,0 +1,160 @@
+"""Exactly-once ingest with the real service: a backlog, a SIGKILL mid-burst, republished
+events and malformed messages, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import httpx
+import orjson
+from nats.aio.client import Client as NatsClient
+
+from hotseat_audit.decoding import DeadLetterReason
+from hotseat_common.audit_stream import AuditStreamSpec, ensure_audit_stream
+from hotseat_common.messages.audit import RequestOutcome
+from hotseat_common.subjects import AUDIT_DURABLE, Subjects
+from tests.audit.conftest import AuditFactory, stream_name
+from tests.audit.support import (
+    counts,
+    publish_events,
+    publish_raw,
+    raw_rows,
+    request_events,
+    stored_ids,
+    wait_consumed,
+    wait_until,
+)
+
+
+async def _make_stream(nc: NatsClient, prefix: str, **limits: float) -> Subjects:
+    subjects = Subjects(prefix)
+    spec = AuditStreamSpec(name=stream_name(prefix), subjects=subjects, **limits)
+    await ensure_audit_stream(nc.jetstream(), spec)
+    return subjects
+
+
+async def test_backlog_published_while_stopped_is_stored_exactly_once(
+    nc: NatsClient, prefix: str, store_dsn: str, start_audit: AuditFactory
+) -> None:
+    """10,000 events published while the service is down are all there after it starts,
+    each exactly once."""
+    js = nc.jetstream()
+    subjects = await _make_stream(nc, prefix)
+    events = request_events(10_000)
+    acks = await publish_events(js, subjects, events)
+    assert acks[-1].seq == 10_000
+
+    start_audit(store_dsn)
+    await wait_consumed(js, stream_name(prefix), AUDIT_DURABLE, 10_000)
+
+    assert await counts(store_dsn) == (10_000, 10_000)
+    assert await stored_ids(store_dsn) == {e.id for e in events}
+
+
+async def test_sigkill_mid_burst_loses_and_duplicates_nothing(
+    nc: NatsClient, prefix: str, store_dsn: str, start_audit: AuditFactory
+) -> None:
+    """Killed with SIGKILL while ingesting a burst and restarted, the service ends with
+    every event stored once: count and distinct ids both exact."""
+    js = nc.jetstream()
+    subjects = await _make_stream(nc, prefix)
+    burst = request_events(10_000)
+    await publish_events(js, subjects, burst)
+    # Small batches make ingest take long enough to be interrupted half-way; a short
+    # ack wait makes JetStream redeliver the dead process's unacknowledged batch quickly.
+    service = start_audit(store_dsn, "--batch-size", "20", "--ack-wait", "1")
+
+    async def some_stored() -> bool:
+        return (await counts(store_dsn))[0] >= 500
+
+    await wait_until(some_stored, timeout=30, what="the first rows")
+    service.kill()
+    at_kill, _ = await counts(store_dsn)
+    assert 0 < at_kill < len(burst), f"kill did not land mid-burst ({at_kill} rows)"
+
+    more = request_events(2_000, start=datetime(2031, 1, 1, tzinfo=UTC))
+    acks = await publish_events(js, subjects, more)
+    start_audit(store_dsn, "--ack-wait", "1")
+    await wait_consumed(js, stream_name(prefix), AUDIT_DURABLE, acks[-1].seq)
+
+    expected = {e.id for e in [*burst, *more]}
+    assert await counts(store_dsn) == (len(expected), len(expected))
+    assert await stored_ids(store_dsn) == expected
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith((name + " ", name + "{")):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not exported")
+
+
+async def test_republished_event_is_stored_once(
+    nc: NatsClient, prefix: str, store_dsn: str, start_audit: AuditFactory
+) -> None:
+    """The same event published twice, within the stream's de-dup window and again after
+    it has passed (so JetStream keeps both copies), makes one row."""
+    js = nc.jetstream()
+    service = start_audit(store_dsn, "--duplicate-window", "300ms")
+    subjects = Subjects(prefix)
+    event = request_events(1)[0]
+    first = (await publish_events(js, subjects, [event]))[0]
+    again = (await publish_events(js, subjects, [event]))[0]
+    assert again.duplicate, "inside the window JetStream itself drops the copy"
+
+    async def window_passed() -> bool:
+        nonlocal again
+        again = (await publish_events(js, subjects, [event]))[0]
+        return not again.duplicate
+
+    await wait_until(window_passed, timeout=10, what="the de-dup window to pass", interval=0.1)
+    assert again.seq > first.seq, "the stream now holds a second copy of the event"
+    await wait_consumed(js, stream_name(prefix), AUDIT_DURABLE, again.seq)
+
+    assert await counts(store_dsn) == (1, 1)
+    async with httpx.AsyncClient(base_url=service.url, timeout=5) as client:
+        metrics = (await client.get("/metrics")).text
+    assert _metric(metrics, "hotseat_audit_duplicates_total") == 1
+    assert _metric(metrics, 'hotseat_audit_events_total{outcome="served"}') == 1
+
+
+async def test_malformed_events_are_dead_lettered_without_blocking(
+    nc: NatsClient, prefix: str, store_dsn: str, start_audit: AuditFactory
+) -> None:
+    """Malformed JSON, non-objects, unknown versions and invalid events land in the
+    dead-letter store with their reason and raw payload; valid events around them are
+    stored."""
+    js = nc.jetstream()
+    service = start_audit(store_dsn, "--batch-size", "3")
+    subjects = Subjects(prefix)
+    good = request_events(4)
+    subject = subjects.audit("request", RequestOutcome.SERVED)
+    unknown_version = orjson.dumps({**good[0].model_dump(mode="json"), "id": "v2", "v": 2})
+    bad = {
+        b"{not json": DeadLetterReason.MALFORMED_JSON,
+        b"[1, 2, 3]": DeadLetterReason.NOT_AN_OBJECT,
+        unknown_version: DeadLetterReason.UNKNOWN_VERSION,
+        b'{"v": 1, "id": "x", "kind": "request", "outcome": "swap_started"}': (
+            DeadLetterReason.INVALID_EVENT
+        ),
+        b'{"v": 1, "id": "y", "outcome": "served"}': DeadLetterReason.INVALID_EVENT,
+    }
+    await publish_events(js, subjects, good[:1])
+    raw = list(bad)
+    await publish_raw(js, subject, raw[:2])
+    await publish_events(js, subjects, good[1:2])
+    await publish_raw(js, subject, raw[2:])
+    acks = await publish_events(js, subjects, good[2:])
+    await wait_consumed(js, stream_name(prefix), AUDIT_DURABLE, acks[-1].seq)
+
+    assert await stored_ids(store_dsn) == {e.id for e in good}
+    rows = await raw_rows(store_dsn, "SELECT payload, reason, detail FROM audit_dead_letters")
+    assert {bytes(r[0]): r[1] for r in rows} == {p: r.value for p, r in bad.items()}  # type: ignore[arg-type]
+    assert all(r[2] for r in rows), "every dead letter says why"
+
+    async with httpx.AsyncClient(base_url=service.url, timeout=5) as client:
+        listed = (await client.get("/v1/dead-letters")).json()
+        metrics = (await client.get("/metrics")).text
+    assert {d["payload_text"] for d in listed["dead_letters"]} == {p.decode() for p in bad}
+    assert _metric(metrics, 'hotseat_audit_dead_letters_total{reason="invalid_event"}') == 2
+    assert _metric(metrics, 'hotseat_audit_dead_letters_total{reason="malformed_json"}') == 1
