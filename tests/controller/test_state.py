@@ -166,12 +166,22 @@ def test_if_idle_while_draining_is_busy() -> None:
     )
 
 
-def test_resident_waiters_count_as_busy() -> None:
-    """Requests about to use the resident (its waiters) keep it from being swapped away."""
-    d = decide_acquire(
-        snap(resident="coder", waiters={"coder": 2}), ask("judge", IF_IDLE), POLICY, ME
-    )
+def test_resident_waiters_count_as_busy_just_after_a_swap() -> None:
+    """The new resident's waiters (re-asking now) keep it from being swapped away at once;
+    long after the swap, a waiter left by a dead router no longer pins it."""
+    fresh = snap(resident="coder", waiters={"coder": 2}, committed_ms=NOW - 1000)
+    d = decide_acquire(fresh, ask("judge", IF_IDLE), POLICY, ME)
     assert isinstance(d.reply, IncumbentBusyReply)
+    stale = replace(fresh, committed_ms=NOW - 60_000)
+    assert decide_acquire(stale, ask("judge", IF_IDLE), POLICY, ME).swap is not None
+
+
+def test_refused_waiter_leaves_the_queue() -> None:
+    """A waiting request that is then told busy is removed from the waiters at once."""
+    s = snap(resident="judge", leases={"judge": 1}, request_waiting=True)
+    d = decide_acquire(s, ask("coder", IF_IDLE), POLICY, ME)
+    assert isinstance(d.reply, IncumbentBusyReply)
+    assert [type(op).__name__ for op in d.ops] == ["RemoveWaiter"]
 
 
 def test_draining_with_idle_incumbent_swaps_to_the_pending_target() -> None:

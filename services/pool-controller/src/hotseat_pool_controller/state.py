@@ -49,6 +49,9 @@ class PoolPolicy:
     busy_signal: BusySignal
     default: str | None
     heartbeat_ttl_ms: int = 3000
+    waiter_grace_ms: int = 5000
+    """After a swap, the new resident's waiters count as busy this long (they are re-asking
+    right now); later, a waiter left behind by a dead router no longer pins the resident."""
 
     @classmethod
     def from_config(cls, pool: Pool, *, heartbeat_ttl_s: float = 3.0) -> PoolPolicy:
@@ -87,6 +90,8 @@ class PoolSnapshot:
     heartbeat_ms: int = 0
     started_ms: int = 0
     deadline_ms: int = 0
+    committed_ms: int = 0
+    """When the resident became resident (Redis clock)."""
     forced: bool = False
     parked: bool = False
     """An admin unloaded the pool: do not warm the default member until demand arrives."""
@@ -254,15 +259,19 @@ def retry_after_s(snap: PoolSnapshot) -> float:
     return max(MIN_RETRY_AFTER_S, round(estimate, 3))
 
 
-def incumbent_busy(snap: PoolSnapshot, slots_busy: bool | None) -> bool:
+def incumbent_busy(snap: PoolSnapshot, policy: PoolPolicy, slots_busy: bool | None) -> bool:
     """Live leases fleet-wide, requests about to use it (its waiters), or busy slots."""
     if snap.resident is None:
         return False
     return (
         snap.live_leases(snap.resident) > 0
-        or snap.live_waiters(snap.resident) > 0
+        or (snap.live_waiters(snap.resident) > 0 and _just_committed(snap, policy))
         or slots_busy is True
     )
+
+
+def _just_committed(snap: PoolSnapshot, policy: PoolPolicy) -> bool:
+    return snap.now_ms - snap.committed_ms < policy.waiter_grace_ms
 
 
 def _needs_slots(snap: PoolSnapshot, policy: PoolPolicy, slots_busy: bool | None) -> bool:
@@ -363,7 +372,8 @@ def decide_acquire(
                 code="swap_failed",
                 message=f"the last swap to {ask.member} failed; retrying after a backoff",
                 retry_after_s=max(MIN_RETRY_AFTER_S, backoff_ms / 1000),
-            )
+            ),
+            ops=_withdraw(snap, ask),
         )
     if snap.resident == ask.member and snap.phase in {Phase.IDLE, Phase.DRAINING}:
         return _grant(snap, ask, policy)
@@ -381,12 +391,13 @@ def decide_acquire(
             pre=Preconditions(version=snap.version, waiter_cap=_cap(snap, policy)),
         )
     # The member is not resident, and no swap is in flight (idle or draining).
-    if not incumbent_busy(snap, slots_busy) and _needs_slots(snap, policy, slots_busy):
+    if not incumbent_busy(snap, policy, slots_busy) and _needs_slots(snap, policy, slots_busy):
         return Decision(need_idle_check=snap.resident)
-    if incumbent_busy(snap, slots_busy):
+    if incumbent_busy(snap, policy, slots_busy):
         if ask.mode == PoolActivation.IF_IDLE:
             return Decision(
-                reply=IncumbentBusyReply(resident=snap.resident, retry_after_s=retry_after_s(snap))
+                reply=IncumbentBusyReply(resident=snap.resident, retry_after_s=retry_after_s(snap)),
+                ops=_withdraw(snap, ask),
             )
         if (full := _queue_full(snap, policy)) is not None:
             return Decision(reply=full)
@@ -429,6 +440,11 @@ def decide_acquire(
         swap=order,
         audit=(audit,),
     )
+
+
+def _withdraw(snap: PoolSnapshot, ask: AcquireAsk) -> tuple[Op, ...]:
+    """A request that stops waiting (told busy or failed) leaves the waiters at once."""
+    return (RemoveWaiter(ask.member, ask.request_id),) if snap.request_waiting else ()
 
 
 def _grant(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy) -> Decision:
@@ -510,7 +526,7 @@ def decide_tick(
             )
             return Decision(ops=(state,), pre=pre, swap=order, audit=(audit,))
         return NOTHING
-    if incumbent_busy(snap, slots_busy):
+    if incumbent_busy(snap, policy, slots_busy):
         if snap.phase == Phase.IDLE:
             return Decision(
                 ops=(SetState({"phase": Phase.DRAINING.value, "target": demand}),),
@@ -628,6 +644,7 @@ def decide_commit(snap: PoolSnapshot, epoch: int, controller: str) -> Decision |
                     "from": "",
                     "owner": "",
                     "forced": "",
+                    "committed": str(snap.now_ms),
                 }
             ),
             RecordSwapTime(seconds),

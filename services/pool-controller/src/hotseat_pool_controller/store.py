@@ -279,6 +279,7 @@ def _parse_snapshot(raw: dict[str, Any]) -> PoolSnapshot:
         heartbeat_ms=int(state.get("heartbeat") or 0),
         started_ms=int(state.get("started") or 0),
         deadline_ms=int(state.get("deadline") or 0),
+        committed_ms=int(state.get("committed") or 0),
         forced=bool(state.get("forced")),
         parked=bool(state.get("parked")),
         leases={m["name"]: int(m["leases"]) for m in members},
