@@ -1,8 +1,9 @@
-"""Which :class:`ActivationClient` the router uses: the one line to change when the
-pool controller's NATS client is plugged in.
+"""Which :class:`ActivationClient` the router uses.
 
-If the returned client is also an async context manager, the router's lifespan enters
-it (start renewal loops, subscriptions) and exits it on shutdown.
+With pools in the config, pooled backends ask the pool controller over NATS for an
+activation lease; without pools there is nothing to activate and dispatch is direct.
+The returned client is an async context manager when it needs starting (the router's
+lifespan enters it: subscriptions, renewal loops).
 """
 
 from __future__ import annotations
@@ -10,14 +11,17 @@ from __future__ import annotations
 from nats.aio.client import Client as NatsClient
 
 from hotseat_common.config.model import HotseatConfig
+from hotseat_common.subjects import Subjects
 from hotseat_router.activation import ActivationClient, DirectActivation
+from hotseat_router.pool_client import NatsActivationClient
 from hotseat_router.settings import RouterSettings
 
 
 def build_activation(
-    settings: RouterSettings,  # noqa: ARG001 - the controller's client will read them
-    nc: NatsClient,  # noqa: ARG001
-    config: HotseatConfig,  # noqa: ARG001
+    settings: RouterSettings, nc: NatsClient, config: HotseatConfig
 ) -> ActivationClient:
-    """Until the pool controller's client lands, every pooled backend dispatches directly."""
-    return DirectActivation()
+    if not config.pools:
+        return DirectActivation()
+    return NatsActivationClient(
+        nc, Subjects(settings.subject_prefix), settings.instance or config.router.name
+    )

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
+from typing import Self
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -80,6 +81,13 @@ class NatsActivationClient:
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(self._subjects.pool_events_all, cb=self._on_event)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.stop()
 
     async def stop(self) -> None:
         for task in self._renewals.values():
