@@ -6,7 +6,8 @@ Like llama.cpp's ``llama-server``: it binds its port at once, answers ``/health`
 server that hangs on SIGTERM with a request in flight), ``--child`` (a worker process in
 the same process group; ``--child-ignores-sigterm``: one that outlives its leader),
 ``--exit-after`` (a server that dies before it is ready).
-``PUT /test/busy`` with body ``1`` or ``0`` makes a slot busy or idle.
+``PUT /test/busy`` with body ``1`` or ``0`` makes a slot busy or idle; ``PUT /test/sick``
+makes ``/health`` answer 500 (a hung server) or recover.
 Standard library only, so it starts fast.
 """
 
@@ -27,6 +28,7 @@ class State:
     def __init__(self, startup_delay: float) -> None:
         self.ready_at = time.monotonic() + startup_delay
         self.busy = False
+        self.sick = False
         self.child_pid: int | None = None
 
 
@@ -46,7 +48,9 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             ready = time.monotonic() >= state.ready_at
             if self.path == "/health":
-                if ready:
+                if state.sick:
+                    self._send(500, {"error": {"code": 500, "message": "sick"}})
+                elif ready:
                     self._send(200, {"status": "ok", "child_pid": state.child_pid})
                 else:
                     self._send(503, {"error": {"code": 503, "message": "Loading model"}})
@@ -63,10 +67,17 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             if self.path == "/test/busy":
                 state.busy = body.strip() == b"1"
                 self._send(200, {"busy": state.busy})
+            elif self.path == "/test/sick":
+                state.sick = body.strip() == b"1"
+                self._send(200, {"sick": state.sick})
             else:
                 self._send(404, {"error": "not found"})
 
     return Handler
+
+
+def ignore_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def main() -> None:
@@ -87,10 +98,12 @@ def main() -> None:
     server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
     print(f"member_server: listening on {args.host}:{args.port}", flush=True)
     if args.child or args.child_ignores_sigterm:
-        code = "import time; time.sleep(3600)"
-        if args.child_ignores_sigterm:
-            code = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + code
-        child = subprocess.Popen([sys.executable, "-c", code])
+        # The ignored disposition is set before exec, so it holds from the worker's first
+        # instruction (no window where a SIGTERM would still kill it).
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(3600)"],
+            preexec_fn=ignore_sigterm if args.child_ignores_sigterm else None,  # noqa: PLW1509
+        )
         state.child_pid = child.pid
         print(f"member_server: worker pid {child.pid}", flush=True)
     if args.exit_after is not None:

@@ -229,6 +229,35 @@ async def test_member_that_dies_out_of_band_is_not_ready_and_reloads(tmp_path, m
     assert await driver.is_ready("a")
 
 
+async def test_load_restarts_a_running_member_that_stopped_answering(tmp_path, make_driver):
+    """A member that was ready and now fails its health check is replaced by a fresh process."""
+    port = free_port()
+    config, pool = make_config(tmp_path, {"a": (port, server_argv(port))})
+    driver = make_driver(config, pool)
+    await driver.load("a", epoch=1)
+    first = pid_of(tmp_path, "a")
+    async with httpx.AsyncClient(trust_env=False) as client:
+        await client.put(f"http://127.0.0.1:{port}/test/sick", content=b"1")
+    assert not await driver.is_ready("a")
+    assert await driver.residency() == {"a": True}, "alive, but not ready"
+    await driver.load("a", epoch=2)
+    assert is_gone(first)
+    assert pid_of(tmp_path, "a") != first
+    assert await driver.is_ready("a")
+
+
+async def test_unwritable_data_dir_is_a_driver_error(tmp_path, make_driver):
+    """A data dir that cannot be created fails the load as a DriverError, starting nothing."""
+    port = free_port()
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    config, pool = make_config(blocker, {"a": (port, server_argv(port))})
+    driver = make_driver(config, pool)
+    with pytest.raises(DriverError, match="cannot open its log or data dir"):
+        await driver.load("a", epoch=1)
+    assert not port_open(port)
+
+
 async def test_missing_binary_is_a_clear_error(tmp_path, make_driver):
     """A command that does not exist fails the load with its name, and leaves nothing behind."""
     port = free_port()

@@ -53,6 +53,8 @@ KILL_CONFIRM_TIMEOUT_S = 10.0
 """How long a SIGKILLed group may take to disappear (a process stuck in the kernel)."""
 PORT_RELEASE_TIMEOUT_S = 5.0
 """How long the port may keep accepting connections once the process group is gone."""
+HEALTH_ATTEMPTS_BEFORE_RESTART = 3
+"""Health probes a running, once-ready member must fail before a load restarts it."""
 HTTP_TIMEOUT = httpx.Timeout(2.0, connect=1.0)
 
 
@@ -170,7 +172,7 @@ class ProcessDriver:
         async with self._locks[member]:
             run = self._find(spec)
             if run is not None and run.alive():
-                if await self._health_ok(spec):
+                if await self._health_ok(spec, attempts=HEALTH_ATTEMPTS_BEFORE_RESTART):
                     run.was_ready = True
                     return
                 if not run.was_ready:  # still starting (a load that was cancelled earlier)
@@ -259,12 +261,17 @@ class ProcessDriver:
         self._running[spec.name] = run
         return run
 
-    async def _health_ok(self, spec: _Spec) -> bool:
-        try:
-            response = await self._client.get(spec.health_url)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+    async def _health_ok(self, spec: _Spec, *, attempts: int = 1) -> bool:
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(POLL_INTERVAL_S * 2)
+            try:
+                response = await self._client.get(spec.health_url)
+            except httpx.HTTPError:
+                continue
+            if response.status_code == 200:
+                return True
+        return False
 
     def _executable(self, spec: _Spec) -> str:
         command = spec.argv[0]
@@ -286,9 +293,13 @@ class ProcessDriver:
                 f"{spec.name}: {spec.host}:{spec.port} already accepts connections but no "
                 "process of this member is known; stop whatever listens there first"
             )
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        spec.pid_path.parent.mkdir(parents=True, exist_ok=True)
-        with spec.log_path.open("ab") as log_file:
+        try:
+            spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+            spec.pid_path.parent.mkdir(parents=True, exist_ok=True)
+            log_file = spec.log_path.open("ab")
+        except OSError as exc:
+            raise DriverError(f"{spec.name}: cannot open its log or data dir: {exc}") from exc
+        with log_file:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             header = f"{processgroup.LOG_MARKER} {spec.name} (epoch {epoch}) at {stamp}: "
             log_file.write((header + " ".join(spec.argv) + "\n").encode())
@@ -307,14 +318,15 @@ class ProcessDriver:
             except OSError as exc:
                 raise DriverError(f"{spec.name}: cannot start {spec.argv[0]!r}: {exc}") from exc
         exited = asyncio.create_task(proc.wait(), name=f"process-{self._pool}-{spec.name}-exit")
-        try:
-            created = processgroup.create_time(proc.pid)
-        except Exception:
-            created = time.time()  # it exited already; the exit task reports that
+        created = processgroup.create_time(proc.pid) or time.time()  # None: exited already
         record = PidRecord(pid=proc.pid, create_time=created, epoch=epoch, argv=spec.argv)
         run = _Running(record=record, proc=proc, exited=exited)
         self._running[spec.name] = run
-        processgroup.write_pid_file(spec.pid_path, record)
+        try:
+            processgroup.write_pid_file(spec.pid_path, record)
+        except OSError as exc:
+            await self._stop(spec, run)
+            raise DriverError(f"{spec.name}: cannot write {spec.pid_path}: {exc}") from exc
         log.info("process_member_started", pool=self._pool, member=spec.name, pid=proc.pid,
                  epoch=epoch, log=str(spec.log_path))  # fmt: skip
         return run

@@ -75,13 +75,16 @@ def remove_pid_file(path: Path, record: PidRecord | None = None) -> None:
     """Remove ``path``; with ``record``, only if it still describes that process."""
     if record is not None and read_pid_file(path) not in (record, None):
         return  # another start wrote its own record meanwhile
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(OSError):  # a stale file is recognised as stale later
         path.unlink()
 
 
-def create_time(pid: int) -> float:
-    """When ``pid`` was created (epoch seconds), as psutil reports it."""
-    return psutil.Process(pid).create_time()
+def create_time(pid: int) -> float | None:
+    """When ``pid`` was created (epoch seconds), as psutil reports it; None if it is gone."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
 
 
 def is_alive(pid: int, created: float) -> bool:
