@@ -1,7 +1,8 @@
 """Typed settings from ``HOTSEAT_*`` environment variables, overridden by command-line flags.
 
 Every field of a settings class becomes a flag of the same name (``nats_url`` ->
-``--nats-url``), so each flag mirrors exactly one variable (``HOTSEAT_NATS_URL``).
+``--nats-url``), so each flag mirrors exactly one variable (``HOTSEAT_NATS_URL``, or the
+field's validation alias when it has one, e.g. ``dsn`` read from ``HOTSEAT_AUDIT_DSN``).
 """
 
 from __future__ import annotations
@@ -104,5 +105,11 @@ def load_settings(
             help=f"{field.description or name} (env {env})",
         )
     args = parser.parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    # A field read from a variable other than HOTSEAT_<FIELD> (its validation alias) is
+    # passed under that alias, so the flag wins over the variable like everywhere else.
+    overrides = {
+        alias if isinstance(alias := cls.model_fields[k].validation_alias, str) else k: v
+        for k, v in vars(args).items()
+        if v is not None
+    }
     return cls(**overrides)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import Field, model_validator
-from pydantic_settings import SettingsConfigDict
 
 from hotseat_common.audit_stream import AuditStreamSpec
 from hotseat_common.settings import ServiceSettings, SettingDuration
@@ -23,7 +22,7 @@ DAY = 24 * 3600.0
 
 
 def _audit(default: Any, description: str, name: str, **constraints: Any) -> Any:
-    """A field read from ``HOTSEAT_AUDIT_<NAME>``, settable by name (``--<name>``)."""
+    """A field read from ``HOTSEAT_AUDIT_<NAME>``; ``load_settings`` gives it ``--<name>``."""
     return Field(
         default=default,
         description=description,
@@ -34,10 +33,6 @@ def _audit(default: Any, description: str, name: str, **constraints: Any) -> Any
 
 class AuditSettings(ServiceSettings):
     """Settings of ``hotseat-audit``."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="HOTSEAT_", extra="ignore", frozen=True, populate_by_name=True
-    )
 
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535, description="Port to listen on")
     dsn: str = _audit(
