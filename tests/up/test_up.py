@@ -1,0 +1,185 @@
+"""``hotseat up`` end to end: a real subprocess starts the stack, the printed examples
+answer, and SIGINT or SIGTERM stops every process it started within 30 s."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hotseat.launcher import Managed, find_binary, free_port, nats_reachable, redis_reachable
+from hotseat.up import installed
+from tests.up.harness import Up, descendants, gone, run_json, write_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SERVICES = {
+    "router": "hotseat_router.main",
+    "controller": "hotseat_pool_controller.main",
+    "audit": "hotseat_audit.main",
+}
+
+
+def stack_env(prefix: str, nats_url: str, redis_url: str) -> dict[str, str]:
+    return {
+        "HOTSEAT_NATS_URL": nats_url,
+        "HOTSEAT_REDIS_URL": redis_url,
+        "HOTSEAT_SUBJECT_PREFIX": prefix,
+        "HOTSEAT_KEY_PREFIX": prefix,
+        "HOTSEAT_AUDIT_STREAM": f"{prefix}_AUDIT",
+    }
+
+
+def sim_ports() -> dict[str, int]:
+    return {name: free_port() for name in ("a", "b", "embed")}
+
+
+def assert_services_as_installed(up: Up, parts: dict[str, str]) -> None:
+    for name, module in SERVICES.items():
+        if installed(module):
+            assert parts[name].startswith("http://127.0.0.1:"), up.output
+            assert httpx.get(parts[name] + "/readyz", timeout=5).status_code == 200
+        else:
+            assert name not in parts
+            assert f"skipping {name}" in up.output
+
+
+def test_up_launches_private_infra_serves_and_stops_cleanly(tmp_path: Path, prefix: str) -> None:
+    """With no NATS/Redis reachable, up launches its own; curl and SDK answer; SIGINT stops all."""
+    ports = sim_ports()
+    config = write_config(tmp_path / "hotseat.yaml", ports)
+    closed = free_port()
+    router_port = free_port()
+    env = stack_env(prefix, f"nats://127.0.0.1:{closed}", f"redis://127.0.0.1:{closed}/0")
+    up = Up.start(
+        [find_binary("hotseat"), "up", "--config", str(config), "--port", str(router_port)], env
+    )
+    children: set[int] = set()
+    try:
+        parts = up.wait_ready()
+        assert parts["nats"].startswith("nats://127.0.0.1:")
+        assert parts["redis"].startswith("redis://127.0.0.1:")
+        assert str(closed) not in parts["nats"] + parts["redis"]
+        assert nats_reachable(parts["nats"])
+        assert redis_reachable(parts["redis"])
+        for name, port in ports.items():
+            assert parts[f"sim-{name}"] == f"http://127.0.0.1:{port}"
+        assert_services_as_installed(up, parts)
+        if "router" in parts:
+            assert parts["router"] == f"http://127.0.0.1:{router_port}"
+        sim = "http://127.0.0.1:{}".format
+        assert httpx.get(sim(ports["embed"]) + "/health").status_code == 200  # unpooled: loaded
+        assert httpx.get(sim(ports["b"]) + "/control/state").json()["state"] == "unloaded"
+
+        children = descendants(up.popen.pid)
+        assert len(children) >= 5, children  # nats, redis, three sims (+ services)
+
+        reply = run_json(up.example("curl"))
+        assert reply["object"] == "chat.completion"
+        assert reply["usage"]["completion_tokens"] == 16
+        assert reply["choices"][0]["message"]["content"]
+        sdk = subprocess.run(
+            up.example("python"), capture_output=True, text=True, timeout=60, check=False
+        )
+        assert sdk.returncode == 0, sdk.stderr
+        assert sdk.stdout.strip()
+
+        code, elapsed = up.signal_and_wait(signal.SIGINT)
+        left = [pid for pid in children if not gone(pid)]  # before the cleanup below
+    finally:
+        up.kill_tree(children)
+    assert code == 0, up.output
+    assert elapsed < 30
+    assert "hotseat up: stopped" in up.output
+    assert left == [], up.output
+    assert not nats_reachable(parts["nats"])
+    assert not redis_reachable(parts["redis"])
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(sim(ports["a"]) + "/health", timeout=2)
+
+
+def test_up_reuses_running_infra_and_leaves_it_on_sigterm(
+    tmp_path: Path, prefix: str, nats_server: Managed, redis_server: Managed
+) -> None:
+    """NATS and Redis that answer are reused, not restarted, and survive the stack's SIGTERM."""
+    config = write_config(tmp_path / "hotseat.yaml", sim_ports())
+    env = stack_env(prefix, nats_server.url, redis_server.url)
+    up = Up.start(
+        [find_binary("hotseat"), "up", "--config", str(config), "--port", str(free_port())], env
+    )
+    children: set[int] = set()
+    try:
+        parts = up.wait_ready()
+        assert parts["nats"] == nats_server.url
+        assert parts["redis"] == redis_server.url
+        assert f"reusing NATS at {nats_server.url}" in up.output
+        assert f"reusing Redis at {redis_server.url}" in up.output
+        assert_services_as_installed(up, parts)
+        children = descendants(up.popen.pid)
+        assert nats_server.pid not in children
+        code, elapsed = up.signal_and_wait(signal.SIGTERM)
+        left = [pid for pid in children if not gone(pid)]  # before the cleanup below
+    finally:
+        up.kill_tree(children)
+    assert code == 0, up.output
+    assert elapsed < 30
+    assert left == [], up.output
+    assert nats_server.alive()
+    assert redis_server.alive()
+    assert nats_reachable(nats_server.url)
+
+
+def test_up_without_services_targets_a_sim_directly(
+    tmp_path: Path, prefix: str, nats_server: Managed, redis_server: Managed
+) -> None:
+    """With no service installed, up loads the pool's default member and the curl hits the sim."""
+    ports = sim_ports()
+    config = write_config(tmp_path / "hotseat.yaml", ports)
+    program = (
+        "import sys; from pathlib import Path; from hotseat.up import run_up; "
+        f"sys.exit(run_up(config_path=Path({str(config)!r}), router_port=1, "
+        "available=lambda module: False))"
+    )
+    up = Up.start(
+        [sys.executable, "-c", program], stack_env(prefix, nats_server.url, redis_server.url)
+    )
+    children: set[int] = set()
+    try:
+        parts = up.wait_ready()
+        assert not {"router", "controller", "audit"} & parts.keys()
+        for name in SERVICES:
+            assert f"skipping {name}" in up.output
+        assert "no controller; loading gpu0/a directly" in up.output
+        curl = up.example("curl")
+        assert any(f"127.0.0.1:{ports['embed']}/v1" in word for word in curl), curl
+        reply = run_json(curl)
+        assert reply["usage"]["completion_tokens"] == 16
+        state = httpx.get(f"http://127.0.0.1:{ports['a']}/control/state").json()
+        assert state["state"] == "ready"
+        children = descendants(up.popen.pid)
+        code, _ = up.signal_and_wait(signal.SIGINT)
+        left = [pid for pid in children if not gone(pid)]  # before the cleanup below
+    finally:
+        up.kill_tree(children)
+    assert code == 0, up.output
+    assert left == [], up.output
+
+
+def test_up_rejects_an_invalid_config(tmp_path: Path) -> None:
+    """An invalid config is reported with its paths and up exits 1 without starting anything."""
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("rules: [{name: r, route: {backends: [nope], poolActivation: ifidle}}]\n")
+    done = subprocess.run(
+        [find_binary("hotseat"), "up", "--config", str(broken)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "rules[0].route.poolActivation" in done.stdout
+    assert "hotseat up: stopping" not in done.stdout
