@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hotseat import audit_cli
 from hotseat_common.config import ConfigError, HotseatConfig, load_config
 from hotseat_common.durations import format_duration
 
@@ -77,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--config", default=str(DEFAULT_CONFIG), help="config file")
     up.add_argument("--port", type=int, default=8080, help="the router's port")
     up.set_defaults(func=cmd_up)
+
+    audit_cli.register(sub)
     return parser
 
 

@@ -64,3 +64,11 @@ class Subjects:
     @property
     def audit_all(self) -> str:
         return f"{self.prefix}.audit.>"
+
+    def audit_filter(self, kind: str | None = None, outcome: str | None = None) -> str:
+        """Audit events of one kind and/or outcome (``*`` for the one not given)."""
+        if kind is None and outcome is None:
+            return self.audit_all
+        kind_token = token(kind) if kind is not None else "*"
+        outcome_token = token(outcome) if outcome is not None else "*"
+        return f"{self.prefix}.audit.{kind_token}.{outcome_token}"
