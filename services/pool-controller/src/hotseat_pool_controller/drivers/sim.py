@@ -11,6 +11,8 @@ from hotseat_pool_controller.drivers.base import DriverError
 
 POLL_INTERVAL_S = 0.02
 HTTP_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
+CONNECT_GRACE_S = 10.0
+CONNECT_RETRY_S = 0.2
 LOADED_STATES = frozenset({"ready", "loading", "unloading"})
 
 
@@ -61,7 +63,18 @@ class SimDriver:
             await asyncio.sleep(POLL_INTERVAL_S)
 
     async def load(self, member: str, *, epoch: int) -> None:
-        await self._command(member, "load", epoch)
+        # A server that is restarting (crashed, rescheduled) is given a moment to listen.
+        deadline = asyncio.get_running_loop().time() + CONNECT_GRACE_S
+        while True:
+            try:
+                await self._command(member, "load", epoch)
+                break
+            except DriverError as exc:
+                if not isinstance(exc.__cause__, httpx.ConnectError):
+                    raise
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise
+                await asyncio.sleep(CONNECT_RETRY_S)
         await self._wait_for(member, "ready", failed_ok=False)
 
     async def unload(self, member: str, *, epoch: int) -> None:

@@ -1,0 +1,303 @@
+"""A real Hotseat stack for end-to-end tests: sim backends, controllers and routers as
+subprocesses on free ports, sharing the session's NATS and Redis under a unique prefix."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import orjson
+import redis.asyncio as aioredis
+import yaml
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from hotseat.launcher import Managed, free_port, start_service
+from hotseat_common.keys import Keys
+from hotseat_sim.timeline import LedgerEntry, overlaps, read_timeline
+
+FAST_TIMINGS = {
+    "HOTSEAT_LOG_LEVEL": "info",
+    "HOTSEAT_TICK_INTERVAL": "0.1",
+    "HOTSEAT_RECONCILE_INTERVAL": "0.3",
+    "HOTSEAT_HEARTBEAT_TTL": "1.0",
+    "HOTSEAT_SHUTDOWN_GRACE": "3",
+}
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any]], *, timeout: float = 10.0, interval: float = 0.05
+) -> Any:
+    """Poll ``check`` until it returns a truthy value (for state no event announces)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
+
+
+@dataclass
+class Stack:
+    workdir: Path
+    prefix: str
+    nats_url: str
+    redis_url: str
+    config: dict[str, Any]
+    config_path: Path = field(init=False)
+    sims: dict[str, Managed] = field(default_factory=dict)
+    controllers: dict[str, Managed] = field(default_factory=dict)
+    routers: list[Managed] = field(default_factory=list)
+    admin_token: str = "test-admin-token"
+
+    def __post_init__(self) -> None:
+        self.config_path = self.workdir / "hotseat.yaml"
+        self.config_path.write_text(yaml.safe_dump(self.config))
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            **FAST_TIMINGS,
+            "HOTSEAT_NATS_URL": self.nats_url,
+            "HOTSEAT_REDIS_URL": self.redis_url,
+            "HOTSEAT_SUBJECT_PREFIX": self.prefix,
+            "HOTSEAT_KEY_PREFIX": self.prefix,
+            "HOTSEAT_AUDIT_STREAM": f"AUDIT_{self.prefix}",
+            "HOTSEAT_ADMIN_TOKEN": self.admin_token,
+            "HOTSEAT_CONFIG": str(self.config_path),
+        }
+
+    # --- processes --------------------------------------------------------------------
+
+    def start_sims(self) -> None:
+        for backend in self.config["backends"]:
+            port = int(backend["address"].rsplit(":", 1)[1])
+            self.sims[backend["name"]] = start_service(
+                f"sim-{backend['name']}",
+                "hotseat-sim",
+                ["--backend", backend["name"]],
+                port=port,
+                log_dir=self.workdir,
+                env=self.env,
+                ready_path="/control/state",
+            )
+
+    def restart_sim(self, name: str) -> Managed:
+        backend = next(b for b in self.config["backends"] if b["name"] == name)
+        port = int(backend["address"].rsplit(":", 1)[1])
+        self.sims[name] = start_service(
+            f"sim-{name}-again",
+            "hotseat-sim",
+            ["--backend", name],
+            port=port,
+            log_dir=self.workdir,
+            env=self.env,
+            ready_path="/control/state",
+        )
+        return self.sims[name]
+
+    def start_controller(self, name: str = "c1") -> Managed:
+        proc = start_service(
+            f"controller-{name}",
+            "hotseat-controller",
+            ["--instance", name],
+            port=free_port(),
+            log_dir=self.workdir,
+            env=self.env,
+        )
+        self.controllers[name] = proc
+        return proc
+
+    def start_router(self) -> Managed:
+        proc = start_service(
+            f"router-{len(self.routers)}",
+            "hotseat-router",
+            [],
+            port=free_port(),
+            log_dir=self.workdir,
+            env=self.env,
+        )
+        self.routers.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in [*self.routers, *self.controllers.values(), *self.sims.values()]:
+            proc.stop(5)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.log_text()[-4000:]}"
+            for p in [*self.routers, *self.controllers.values(), *self.sims.values()]
+        )
+
+    # --- observation ------------------------------------------------------------------
+
+    @property
+    def controller_url(self) -> str:
+        return next(p.url for p in self.controllers.values() if p.alive())
+
+    async def pool(self, name: str = "gpu0") -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=5) as client:
+            response = await client.get(f"{self.controller_url}/v1/pools/{name}")
+            response.raise_for_status()
+            result: dict[str, Any] = response.json()
+            return result
+
+    async def wait_resident(self, member: str, pool: str = "gpu0", timeout: float = 15) -> None:
+        async def resident() -> bool:
+            state = await self.pool(pool)
+            return state["resident"] == member and state["swapping"] is None
+
+        await eventually(resident, timeout=timeout)
+
+    async def state_hash(self, pool: str = "gpu0") -> dict[str, str]:
+        client: aioredis.Redis = aioredis.from_url(self.redis_url, decode_responses=True)
+        try:
+            result: dict[str, str] = await client.hgetall(Keys(self.prefix).pool_state(pool))
+            return result
+        finally:
+            await client.aclose()
+
+    async def ledger(self, gpu: str = "gpu0") -> list[LedgerEntry]:
+        client: aioredis.Redis = aioredis.from_url(self.redis_url, decode_responses=True)
+        try:
+            return await read_timeline(client, Keys(self.prefix), gpu)
+        finally:
+            await client.aclose()
+
+    async def assert_no_overlap(self, gpu: str = "gpu0") -> list[LedgerEntry]:
+        timeline = await self.ledger(gpu)
+        assert overlaps(timeline) == [], overlaps(timeline)
+        return timeline
+
+    async def audit(self) -> list[dict[str, Any]]:
+        """Every audit event in the stream so far, oldest first."""
+        nc = await nats.connect(self.nats_url, connect_timeout=2)
+        try:
+            js = nc.jetstream()
+            stream = f"AUDIT_{self.prefix}"
+            sub = await js.pull_subscribe(
+                f"{self.prefix}.audit.>",
+                stream=stream,
+                config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+            )
+            events: list[dict[str, Any]] = []
+            while True:
+                try:
+                    batch = await sub.fetch(256, timeout=0.3)
+                except nats.errors.TimeoutError:
+                    break
+                events += [orjson.loads(m.data) for m in batch]
+                if len(batch) < 256:
+                    break
+            await sub.unsubscribe()
+            return events
+        finally:
+            await nc.close()
+
+    async def wait_audit(
+        self, predicate: Callable[[dict[str, Any]], bool], *, count: int = 1, timeout: float = 10
+    ) -> list[dict[str, Any]]:
+        async def matching() -> list[dict[str, Any]]:
+            found = [e for e in await self.audit() if predicate(e)]
+            return found if len(found) >= count else []
+
+        result: list[dict[str, Any]] = await eventually(matching, timeout=timeout, interval=0.2)
+        return result
+
+    async def metric(self, router: int, name: str, labels: Mapping[str, str]) -> float:
+        async with httpx.AsyncClient(timeout=5) as client:
+            text = (await client.get(f"{self.routers[router].url}/metrics")).text
+        total = 0.0
+        for line in text.splitlines():
+            if not line.startswith(name + "{"):
+                continue
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def pool_stack_config(
+    *,
+    judge: Mapping[str, Any] | None = None,
+    coder: Mapping[str, Any] | None = None,
+    pool: Mapping[str, Any] | None = None,
+    rules: list[dict[str, Any]] | None = None,
+    extra_backends: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A 24 GiB sim GPU shared by ``judge`` (6 GiB, slow tokens) and ``coder`` (20 GiB, slow
+    load): two residents would not fit, so an overlap is also an out-of-memory failure."""
+    ports = {name: free_port() for name in ("judge", "coder")}
+    return {
+        "router": {"name": "r", "requestTimeout": "60s"},
+        "backends": [
+            {
+                "name": name,
+                "address": f"http://127.0.0.1:{port}",
+                "pool": {"name": "gpu0", "member": name},
+            }
+            for name, port in ports.items()
+        ]
+        + list(extra_backends or []),
+        "pools": [
+            {
+                "name": "gpu0",
+                "swapBudget": "30s",
+                "leaseTtl": "2s",
+                "default": "judge",
+                "driver": {"kind": "sim", "gpuMemoryGiB": 24},
+                "members": [
+                    {
+                        "name": "judge",
+                        "sim": {
+                            "loadSeconds": 0.3,
+                            "unloadSeconds": 0.1,
+                            "memoryGiB": 6,
+                            "tokensPerSecond": 20,
+                            "slots": 4,
+                            **(judge or {}),
+                        },
+                    },
+                    {
+                        "name": "coder",
+                        "sim": {
+                            "loadSeconds": 1.5,
+                            "unloadSeconds": 0.1,
+                            "memoryGiB": 20,
+                            "tokensPerSecond": 200,
+                            "slots": 4,
+                            **(coder or {}),
+                        },
+                    },
+                ],
+                **(pool or {}),
+            }
+        ],
+        "rules": rules
+        or [
+            {
+                "name": "prefer-coder-ifidle",
+                "match": {"models": ["either"]},
+                "route": {"backends": ["coder", "judge"], "poolActivation": "IfIdle"},
+            },
+            {
+                "name": "prefer-coder-wait",
+                "match": {"models": ["either-wait"]},
+                "route": {"backends": ["coder", "judge"], "poolActivation": "Wait"},
+            },
+            {
+                "name": "coder-only-ifidle",
+                "match": {"models": ["coder-ifidle"]},
+                "route": {"backends": ["coder"], "poolActivation": "IfIdle"},
+            },
+            {"name": "judge", "match": {"models": ["judge"]}, "route": {"backends": ["judge"]}},
+            {"name": "coder", "match": {"models": ["coder"]}, "route": {"backends": ["coder"]}},
+        ],
+    }
