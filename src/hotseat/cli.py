@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hotseat import audit_cli
+from hotseat import audit_cli, status_cli
 from hotseat_common.config import ConfigError, HotseatConfig, load_config
 from hotseat_common.durations import format_duration
 
@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=cmd_up)
 
     audit_cli.register(sub)
+    status_cli.register(sub)
     return parser
 
 

@@ -45,7 +45,7 @@ async def streaming(url: str, model: str, max_tokens: int) -> AsyncIterator[asyn
             ) as response,
         ):
             assert response.status_code == 200, await response.aread()
-            backend = response.headers["x-hotseat-backend"]
+            backend = response.headers.get("x-hotseat-backend", "direct")
             async for _chunk in response.aiter_bytes():
                 first.set()
             return backend

@@ -1,0 +1,60 @@
+"""``hotseat status``: the pools as the controller sees them, as a table."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import httpx
+
+from hotseat_common.messages import PoolList, PoolView
+
+DEFAULT_CONTROLLER_URL = "http://127.0.0.1:8090"
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{m}={n}" for m, n in counts.items() if n) or "-"
+
+
+def format_pools(pools: list[PoolView]) -> str:
+    header = ("POOL", "RESIDENT", "PHASE", "SWAPPING", "EPOCH", "LEASES", "WAITERS")
+    rows = [
+        (
+            p.name,
+            p.resident or "-",
+            p.phase,
+            p.swapping or "-",
+            str(p.epoch),
+            _counts(p.leases),
+            _counts(p.waiters),
+        )
+        for p in pools
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    )
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    url = args.url.rstrip("/")
+    try:
+        response = httpx.get(f"{url}/v1/pools", timeout=5)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        print(f"cannot read pools from {url}: {exc}", file=sys.stderr)
+        return 1
+    print(format_pools(PoolList.model_validate_json(response.content).pools))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    status = sub.add_parser("status", help="print every pool's residency, leases and waiters")
+    status.add_argument(
+        "--url",
+        default=os.environ.get("HOTSEAT_CONTROLLER_URL", DEFAULT_CONTROLLER_URL),
+        help="the controller's admin URL (env HOTSEAT_CONTROLLER_URL)",
+    )
+    status.set_defaults(func=cmd_status)

@@ -1,0 +1,115 @@
+"""Admin API, ``hotseat status``, busySignal leasesAndSlots and lease renewal, end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from hotseat.launcher import find_binary
+from tests.controller.test_activation_e2e import chat, loads, started, streaming
+from tests.support.stack import Stack, pool_stack_config
+
+Make = Callable[[dict[str, Any]], Stack]
+
+
+async def test_admin_reads_and_forced_swaps(make_stack: Make) -> None:
+    """GET needs no token; POST swap/unload refuse without the admin token and act with it."""
+    stack = started(make_stack(pool_stack_config()))
+    await stack.wait_resident("judge")
+    base = f"{stack.controller_url}/v1/pools"
+    auth = {"authorization": f"Bearer {stack.admin_token}"}
+    async with httpx.AsyncClient(timeout=10) as client:
+        listing = (await client.get(base)).json()
+        assert [p["name"] for p in listing["pools"]] == ["gpu0"]
+        pool = listing["pools"][0]
+        assert {k: pool[k] for k in ("resident", "swapping", "leases", "waiters")} == {
+            "resident": "judge",
+            "swapping": None,
+            "leases": {"judge": 0, "coder": 0},
+            "waiters": {"judge": 0, "coder": 0},
+        }
+        assert (await client.get(f"{base}/nope")).status_code == 404
+        denied = await client.post(f"{base}/gpu0/swap", json={"member": "coder"})
+        assert denied.status_code == 401
+        wrong = await client.post(
+            f"{base}/gpu0/swap", json={"member": "coder"}, headers={"authorization": "Bearer x"}
+        )
+        assert wrong.status_code == 401
+        swap = await client.post(f"{base}/gpu0/swap", json={"member": "coder"}, headers=auth)
+        assert swap.status_code == 200, swap.text
+        assert swap.json()["status"] == "started"
+        await stack.wait_resident("coder")
+        unload = await client.post(f"{base}/gpu0/unload", headers=auth)
+        assert unload.status_code == 200, unload.text
+        await stack.wait_resident(None)  # type: ignore[arg-type]
+    timeline = await stack.assert_no_overlap()
+    assert timeline[-1].event == "unloaded"
+
+
+async def test_status_cli_prints_the_pools(make_stack: Make) -> None:
+    """``hotseat status`` prints each pool's resident, phase and counts as a table."""
+    stack = started(make_stack(pool_stack_config()))
+    await stack.wait_resident("judge")
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [find_binary("hotseat"), "status", "--url", stack.controller_url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == [
+        "POOL",
+        "RESIDENT",
+        "PHASE",
+        "SWAPPING",
+        "EPOCH",
+        "LEASES",
+        "WAITERS",
+    ]
+    assert lines[1].split()[:4] == ["gpu0", "judge", "idle", "-"]
+    failed = subprocess.run(
+        [find_binary("hotseat"), "status", "--url", "http://127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert failed.returncode == 1
+    assert "cannot read pools" in failed.stderr
+
+
+async def test_slots_count_traffic_that_bypassed_the_router(make_stack: Make) -> None:
+    """busySignal leasesAndSlots: a request sent straight to judge (no lease) makes the
+    IfIdle rule skip it as busy; with idle slots the swap happens."""
+    stack = started(make_stack(pool_stack_config(pool={"busySignal": "leasesAndSlots"})))
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    judge_url = stack.sims["judge"].url
+    async with streaming(judge_url, "judge", max_tokens=40):
+        response = await chat(url, "either")
+        assert response.headers["x-hotseat-backend"] == "judge"
+    assert loads(await stack.ledger(), "coder") == []
+    swapped = await chat(url, "either")
+    assert swapped.headers["x-hotseat-backend"] == "coder"
+
+
+async def test_long_stream_keeps_its_lease_by_renewal(make_stack: Make) -> None:
+    """A stream much longer than the lease TTL stays leased (renewed), so IfIdle keeps
+    skipping and no lease expires."""
+    stack = started(make_stack(pool_stack_config()))
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    async with streaming(url, "judge", max_tokens=120) as stream:  # 6 s, TTL 2 s
+        await asyncio.sleep(4.5)  # past two TTLs: only renewals keep the lease alive
+        assert (await stack.pool())["leases"]["judge"] == 1
+        response = await chat(url, "either")
+        assert response.headers["x-hotseat-backend"] == "judge"
+        assert await stream == "judge"
+    assert [e for e in await stack.audit() if e["outcome"] == "lease_expired"] == []
