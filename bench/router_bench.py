@@ -327,7 +327,7 @@ def main() -> int:
                 saved = args.connections
                 args.connections = [max(saved)]
                 results += measure(
-                    "router-2w", router2.url + path, args, workdir, modes, router2.pid
+                    "router-2w", router2.url + path, args, workdir, modes, pid=router2.pid
                 )
                 args.connections = saved
                 router2.stop()

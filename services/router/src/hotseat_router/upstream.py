@@ -1,6 +1,6 @@
 """The upstream HTTP client: pooled keep-alive connections to every backend (aiohttp).
 
-aiohttp was chosen over httpx by measurement (docs/adr/0002-router-upstream-client.md).
+aiohttp was chosen over httpx by measurement (docs/adr/0003-router-upstream-client.md).
 Every aiohttp exception is translated here, at this one boundary, into
 :class:`UpstreamConnectError` or :class:`UpstreamBodyError`; timeouts are the caller's
 (``asyncio.timeout`` around :meth:`UpstreamClient.send` and each :meth:`UpstreamResponse.chunk`).
