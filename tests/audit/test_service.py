@@ -155,3 +155,34 @@ async def test_retention_job_deletes_in_batches_until_done(store: AuditStore) ->
     assert registry.get_sample_value("hotseat_audit_retention_deleted_total") == 7
     left = await store.events(EventFilter(), limit=100)
     assert sorted(e.request_id or "" for e in left) == ["req-7", "req-8", "req-9"]
+
+
+async def test_deleted_consumer_is_recreated_and_ingest_goes_on(
+    nc: NatsClient, prefix: str, tmp_path: Path, start_audit: AuditFactory
+) -> None:
+    """If someone deletes the durable consumer, the service recreates it and keeps storing."""
+    dsn = f"sqlite:///{tmp_path / 'audit.db'}"
+    service = start_audit(dsn)
+    js = nc.jetstream()
+    await js.delete_consumer(stream_name(prefix), AUDIT_DURABLE)
+    events = request_events(50)
+    acks = await publish_events(js, Subjects(prefix), events)
+    await wait_consumed(js, stream_name(prefix), AUDIT_DURABLE, acks[-1].seq)
+    assert await stored_ids(dsn) == {e.id for e in events}
+    assert "audit_consumer_recreated" in service.log_text()
+
+
+async def test_deleted_stream_stops_the_service_loudly(
+    nc: NatsClient, prefix: str, tmp_path: Path, start_audit: AuditFactory
+) -> None:
+    """With its stream gone, the service logs why and exits non-zero (a restart recreates
+    the stream) instead of serving a store that no longer fills."""
+    service = start_audit(f"sqlite:///{tmp_path / 'audit.db'}")
+    await nc.jetstream().delete_stream(stream_name(prefix))
+
+    async def exited() -> bool:
+        return not service.alive()
+
+    await wait_until(exited, timeout=30, what="the service to exit")
+    assert service.popen.returncode == 1
+    assert "audit_loop_died" in service.log_text()

@@ -36,6 +36,7 @@ log = get_logger(__name__)
 
 FETCH_TIMEOUT = 1.0
 """How long one fetch waits when the stream has nothing new."""
+MIN_EMPTY_FETCH = 0.1
 LAG_REFRESH = 5.0
 RETRY_BACKOFF_MAX = 5.0
 API_TIMEOUT = 5.0
@@ -175,10 +176,14 @@ class AuditConsumer:
 
     async def _read(self, fetcher: PullFetcher, ready: asyncio.Queue[Batch | None]) -> None:
         while not self._stopping.is_set():
+            asked = time.monotonic()
             try:
                 msgs = await fetcher.fetch(self._batch_size, timeout=FETCH_TIMEOUT)
             except ConsumerGone as exc:
+                # Recreate it; if the stream itself is gone this raises and the service
+                # stops (a restart recreates the stream).
                 log.warning("audit_consumer_recreated", reason=str(exc))
+                fetcher.reset()
                 await self._js.add_consumer(
                     self._stream, self.consumer_config(), timeout=API_TIMEOUT
                 )
@@ -189,6 +194,8 @@ class AuditConsumer:
                 continue
             if not msgs:
                 await self._refresh_lag()
+                if time.monotonic() - asked < MIN_EMPTY_FETCH:
+                    await self._pause(MIN_EMPTY_FETCH)  # never spin on instant empty replies
                 continue
             await ready.put(decode_batch(msgs))
             self._metrics.consumer_lag.set(msgs[-1].metadata.num_pending)

@@ -34,12 +34,13 @@ NO_MESSAGES = "404"
 REQUEST_TIMEOUT = "408"
 CONFLICT = "409"
 HEARTBEAT = "100"
+NO_RESPONDERS = "503"
 REPLY_MARGIN = 0.5
 """Extra time to wait for the server's own expiry status before giving up locally."""
 
 
 class ConsumerGone(RuntimeError):
-    """JetStream says the consumer no longer exists (deleted, or the stream was)."""
+    """JetStream says the consumer no longer exists (deleted, or its stream was)."""
 
 
 class PullFetcher:
@@ -69,10 +70,11 @@ class PullFetcher:
             return
         if status == HEARTBEAT or msg.subject != self._current:
             return  # flow control, or the end of an older request
-        if status == CONFLICT:
-            description = (msg.headers or {}).get(DESCRIPTION, "")
-            if "deleted" in description.lower():
-                self._gone = description
+        description = (msg.headers or {}).get(DESCRIPTION, "")
+        if status == NO_RESPONDERS:
+            self._gone = "no responders: the consumer or its stream does not exist"
+        elif status == CONFLICT and "deleted" in description.lower():
+            self._gone = description
         self._wake.set()
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
@@ -99,6 +101,10 @@ class PullFetcher:
         await self._nc.publish(self._next_subject, orjson.dumps(body), reply=self._current)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout + REPLY_MARGIN)
+
+    def reset(self) -> None:
+        """Forget a "consumer gone" verdict once the consumer has been recreated."""
+        self._gone = None
 
     def interrupt(self) -> None:
         """End the wait of a fetch in progress now (it returns what has arrived)."""

@@ -63,6 +63,7 @@ _DB_ERRORS = (psycopg.Error, PoolTimeout)
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute(f"SET statement_timeout = '{STATEMENT_TIMEOUT}'")
+    await conn.execute("SET TIME ZONE 'UTC'")  # times read back in UTC, as SQLite gives them
 
 
 def _identity(moment: datetime) -> datetime:
