@@ -210,3 +210,16 @@ async def test_debug_echo_and_request_log(start_sim: StartSim, config) -> None:
     assert chat[0]["headers"]["x-hotseat-request-id"] == "req-42"
     assert chat[0]["headers"]["authorization"] == "Bearer unused"
     assert chat[0]["body"]["model"] == "logged"
+
+
+async def test_request_log_omits_large_bodies(start_sim: StartSim, config) -> None:
+    """/debug/requests keeps bodies up to 64 KiB and only the size of larger ones."""
+    sim = await start_sim(config, "assistant", loaded=True)
+    big = {"padding": "x" * 70_000}
+    await sim.http.post("/debug/echo", json={"small": True})
+    await sim.http.post("/debug/echo", json=big)
+    log = (await sim.http.get("/debug/requests")).json()["requests"]
+    assert log[0]["body"] == {"small": True}
+    assert log[1]["body"]["omitted_bytes"] > 70_000
+    assert (await sim.http.delete("/debug/requests")).status_code == 204
+    assert (await sim.http.get("/debug/requests")).json()["requests"] == []

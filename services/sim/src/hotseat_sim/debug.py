@@ -20,7 +20,7 @@ async def echo(request: Request, sim: Sim) -> Response:
         body = await read_json(request)
     except BadRequest:
         body = (await request.body()).decode(errors="replace")
-    sim.requests.record(request, body)
+    await sim.requests.record(request, body)
     return JSONBody(
         {
             "method": request.method,

@@ -145,7 +145,14 @@ class ModelState:
     # -- control ---------------------------------------------------------------------------
 
     async def load(self, epoch: int | None = None, *, instant: bool = False) -> ControlResult:
-        """Begin loading (202), or report the load already under way or done (200)."""
+        """Begin loading (202), or report the load already under way or done (200).
+
+        The command runs to completion even if its caller goes away: a load admitted on
+        the ledger must also be recorded here, or its memory would never be released.
+        """
+        return await asyncio.shield(self._load(epoch, instant=instant))
+
+    async def _load(self, epoch: int | None, *, instant: bool) -> ControlResult:
         async with self._lock:
             self._fence(epoch)
             if self.phase is Phase.UNLOADING and self._transition is not None:
@@ -193,6 +200,9 @@ class ModelState:
 
     async def unload(self, epoch: int | None = None) -> ControlResult:
         """Stop serving and release the memory after ``unloadSeconds`` (202), or say it is."""
+        return await asyncio.shield(self._unload(epoch))
+
+    async def _unload(self, epoch: int | None) -> ControlResult:
         async with self._lock:
             self._fence(epoch)
             if self.phase is Phase.UNLOADING:

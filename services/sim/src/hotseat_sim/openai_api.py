@@ -168,9 +168,9 @@ async def _body(request: Request, sim: SimRuntime) -> Any:
     try:
         body = await read_json(request)
     except BadRequest:
-        sim.requests.record(request, None)
+        await sim.requests.record(request, None)
         raise
-    sim.requests.record(request, body)
+    await sim.requests.record(request, body)
     return body
 
 

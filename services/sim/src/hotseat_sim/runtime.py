@@ -22,6 +22,8 @@ from hotseat_sim.slots import Slot, SlotPool
 
 REQUEST_ID_HEADERS = ("x-hotseat-request-id", "x-request-id")
 REQUEST_LOG_SIZE = 200
+REQUEST_LOG_BODY_LIMIT = 64 * 1024
+"""Bodies larger than this are logged as their size only."""
 
 
 class JSONBody(Response):
@@ -58,7 +60,10 @@ class RequestLog:
 
     entries: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=REQUEST_LOG_SIZE))
 
-    def record(self, request: Request, body: Any) -> None:
+    async def record(self, request: Request, body: Any) -> None:
+        size = len(await request.body())  # cached by Starlette: no second read
+        if size > REQUEST_LOG_BODY_LIMIT:
+            body = {"omitted_bytes": size}
         self.entries.append(
             {
                 "time": time.time(),
