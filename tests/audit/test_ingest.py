@@ -3,13 +3,19 @@ events and malformed messages, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import httpx
 import orjson
+import psycopg
 from nats.aio.client import Client as NatsClient
 
 from hotseat_audit.decoding import DeadLetterReason
+from hotseat_audit.store import parse_dsn
 from hotseat_common.audit_stream import AuditStreamSpec, ensure_audit_stream
 from hotseat_common.messages.audit import RequestOutcome
 from hotseat_common.subjects import AUDIT_DURABLE, Subjects
@@ -158,3 +164,49 @@ async def test_malformed_events_are_dead_lettered_without_blocking(
     assert {d["payload_text"] for d in listed["dead_letters"]} == {p.decode() for p in bad}
     assert _metric(metrics, 'hotseat_audit_dead_letters_total{reason="invalid_event"}') == 2
     assert _metric(metrics, 'hotseat_audit_dead_letters_total{reason="malformed_json"}') == 1
+
+
+@contextmanager
+def _writes_blocked(dsn: str) -> Iterator[None]:
+    """Hold the store's write lock from outside, as a slow or stuck database would."""
+    target = parse_dsn(dsn)
+    if target.kind == "sqlite":
+        conn = sqlite3.connect(target.location, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            conn.execute("ROLLBACK")
+            conn.close()
+        return
+    with psycopg.connect(target.location) as pg:
+        pg.execute("LOCK TABLE audit_events IN SHARE MODE")
+        try:
+            yield
+        finally:
+            pg.rollback()
+
+
+async def test_messages_are_acked_only_after_their_rows_commit(
+    nc: NatsClient, prefix: str, store_dsn: str, start_audit: AuditFactory
+) -> None:
+    """While the store cannot commit, delivered messages stay unacknowledged; once it
+    can, every row lands and only then is every message acknowledged."""
+    js = nc.jetstream()
+    start_audit(store_dsn)
+    events = request_events(100)
+    with _writes_blocked(store_dsn):
+        acks = await publish_events(js, Subjects(prefix), events)
+
+        async def delivered() -> bool:
+            info = await js.consumer_info(stream_name(prefix), AUDIT_DURABLE)
+            return (info.delivered.stream_seq or 0) >= acks[-1].seq
+
+        await wait_until(delivered, timeout=15, what="delivery to the audit consumer")
+        for _ in range(10):  # an observation window: nothing may be acknowledged in it
+            info = await js.consumer_info(stream_name(prefix), AUDIT_DURABLE)
+            assert info.ack_floor is None or not info.ack_floor.stream_seq
+            assert info.num_ack_pending == len(events)
+            await asyncio.sleep(0.1)
+    await wait_consumed(js, stream_name(prefix), AUDIT_DURABLE, acks[-1].seq)
+    assert await counts(store_dsn) == (100, 100)
