@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from nats.aio.client import Client as NatsClient
 
+from hotseat.audit_cli import _moment
 from hotseat.cli import main
 from hotseat.launcher import find_binary
 from hotseat_common.audit_stream import AuditStreamSpec, ensure_audit_stream
@@ -105,3 +108,29 @@ async def test_tail_follows_new_events(nc: NatsClient, prefix: str) -> None:
     rows = out.decode().splitlines()
     assert [r.split()[2:4] for r in rows] == [["pool", "swap_started"], ["pool", "swap_completed"]]
     assert all("a -> b" in r for r in rows)
+
+
+async def test_tail_last_replays_the_most_recent_events(nc: NatsClient, prefix: str) -> None:
+    """`tail --last 2 --json` starts with the two newest events already in the stream."""
+    subjects = Subjects(prefix)
+    stream = stream_name(prefix)
+    await ensure_audit_stream(nc.jetstream(), AuditStreamSpec(name=stream, subjects=subjects))
+    events = request_events(5)
+    await publish_events(nc.jetstream(), subjects, events)
+    proc = await asyncio.create_subprocess_exec(
+        find_binary("hotseat"), "audit", "tail", "--nats-url", str(nc.connected_url.geturl()),
+        "--subject-prefix", prefix, "--stream", stream, "--last", "2", "--count", "2", "--json",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0
+    assert [json.loads(line)["id"] for line in out.splitlines()] == [e.id for e in events[3:]]
+
+
+def test_since_takes_a_time_or_a_duration_ago() -> None:
+    """--since accepts an ISO time as is, or a duration meaning that long ago."""
+    assert _moment("2030-01-01T00:00:00+00:00") == "2030-01-01T00:00:00+00:00"
+    ago = datetime.fromisoformat(_moment("2h"))
+    assert abs((datetime.now(UTC) - ago) - timedelta(hours=2)) < timedelta(seconds=5)
+    with pytest.raises(argparse.ArgumentTypeError):
+        _moment("yesterday")
