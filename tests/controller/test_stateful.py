@@ -47,7 +47,7 @@ POLICY = PoolPolicy(
     max_waiters=4,
     lease_ttl_ms=60_000,
     swap_timeout_ms=600_000,
-    failure_backoff_ms=1,
+    failure_backoff_ms=3_600_000,
     busy_signal=BusySignal.LEASES,
     default="a",
     # Wall-clock effects are made explicit rules (controller_dies), never left to timing:
@@ -209,6 +209,15 @@ class ControllerMachine(RuleBasedStateMachine):
                 self.swaps.remove(swap)
                 return
         elif swap.stage == 1:
+            snap = self.snapshot()
+            if target and not snap.forced and snap.live_waiters(target) == 0:
+                # No demand: the runner unloads a possibly half-loaded target first.
+                if snap.epoch != epoch or snap.owner != swap.owner:
+                    self.swaps.remove(swap)
+                    return
+                if not self.gpu.unload_others("", epoch):
+                    self.swaps.remove(swap)
+                    return
             lost = False
 
             def begin(s: PoolSnapshot) -> Decision:

@@ -23,6 +23,7 @@ from hotseat_common.messages import (
 from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
 from hotseat_pool_controller.events import Announcer
 from hotseat_pool_controller.state import (
+    NOTHING,
     AcquireAsk,
     AuditIntent,
     Decision,
@@ -139,6 +140,12 @@ class PoolRuntime:
 
     async def acquire(self, request: AcquireRequest) -> Reply:
         lease_id = uuid.uuid4().hex
+        fast = await self.store.grant_if_resident(
+            request.member, lease_id, request.request_id, request.router
+        )
+        if fast is not None:
+            self.announcer.metrics.acquires.labels(self.name, request.member, fast.status).inc()
+            return fast
 
         def decide(snap: PoolSnapshot, slots_busy: bool | None) -> Decision:
             # The hold deadline is on the router's clock; Redis time is the store's clock.
@@ -187,12 +194,22 @@ class PoolRuntime:
 
     # --- supervision ------------------------------------------------------------------
 
-    async def tick(self) -> None:
-        """Reap, then move the pool forward (one replica wins each transition)."""
+    async def tick(self, *, reap: bool = True) -> None:
+        """Reap (on the timer), then move the pool forward (one replica wins each transition)."""
         snap = await self.store.snapshot()
         if snap.phase == Phase.UNKNOWN:
             await self.rebuild()
             return
+        self.announcer.observe(self.name, snap)
+        if reap:
+            await self._reap()
+        elif decide_tick(snap, self.policy, self.controller) is NOTHING:
+            return  # woken by a release or a cancel, and there is nothing to move
+        await self._decide(
+            lambda s, busy: decide_tick(s, self.policy, self.controller, slots_busy=busy)
+        )
+
+    async def _reap(self) -> None:
         for lease in await self.store.reap():
             self.announcer.metrics.lease_expiries.labels(self.name, lease.member).inc()
             self.announcer.audit(
@@ -204,10 +221,6 @@ class PoolRuntime:
                     reason=f"not renewed by router {lease.router}",
                 ),
             )
-        await self._decide(
-            lambda s, busy: decide_tick(s, self.policy, self.controller, slots_busy=busy)
-        )
-        self.announcer.observe(self.name, await self.store.snapshot())
 
     async def rebuild(self) -> None:
         """The state is gone (Redis restarted empty): re-derive residency from the driver."""
@@ -241,6 +254,7 @@ class PoolRuntime:
     async def supervise(self, tick_interval: float, reconcile_interval: float) -> None:
         """Tick on every local trigger and on a timer; check the resident periodically."""
         next_health = time.monotonic()
+        next_reap = time.monotonic()
         while True:
             try:
                 async with asyncio.timeout(tick_interval):
@@ -249,7 +263,10 @@ class PoolRuntime:
                 pass
             self.wake.clear()
             try:
-                await self.tick()
+                reap = time.monotonic() >= next_reap
+                if reap:
+                    next_reap = time.monotonic() + tick_interval
+                await self.tick(reap=reap)
                 if time.monotonic() >= next_health:
                     next_health = time.monotonic() + reconcile_interval
                     await self.check_resident()

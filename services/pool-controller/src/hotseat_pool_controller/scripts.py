@@ -155,3 +155,22 @@ if #expired == 0 then return '[]' end
 return cjson.encode(expired)
 """
 )
+
+GRANT_FAST = (
+    _NOW
+    + """
+-- The common case in one round trip: the member is resident and no swap unwinds it.
+-- Exactly the grant branch of state.decide_acquire; anything else answers 0 and the
+-- caller takes the general path (snapshot, pure decision, compare-and-apply).
+local st = redis.call('HMGET', KEYS[1], 'phase', 'resident', 'epoch')
+if (st[1] ~= 'idle' and st[1] ~= 'draining') or st[2] ~= ARGV[1] then return {0} end
+if redis.call('HGET', KEYS[4], ARGV[4]) then return {0} end
+if redis.call('EXISTS', KEYS[6]) == 1 then return {0} end
+local meta = cjson.encode({member = ARGV[1], request_id = ARGV[4], router = ARGV[5], epoch = st[3]})
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[2], meta)
+redis.call('HSET', KEYS[4], ARGV[4], ARGV[2])
+redis.call('ZREM', KEYS[5], ARGV[4])
+return {1, st[3]}
+"""
+)

@@ -16,7 +16,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from hotseat_common.keys import Keys
-from hotseat_common.messages import ErrorReply, PoolView
+from hotseat_common.messages import ErrorReply, Granted, PoolView
 from hotseat_pool_controller import scripts
 from hotseat_pool_controller.state import (
     AddLease,
@@ -82,6 +82,7 @@ class PoolStore:
         self._renew = redis.register_script(scripts.RENEW)
         self._release = redis.register_script(scripts.RELEASE)
         self._reap = redis.register_script(scripts.REAP)
+        self._grant_fast = redis.register_script(scripts.GRANT_FAST)
 
     # --- reads --------------------------------------------------------------------
 
@@ -200,6 +201,31 @@ class PoolStore:
                     "value": f"{op.seconds:.3f}",
                     "keep": SWAP_TIMES_KEPT,
                 }
+
+    async def grant_if_resident(
+        self, member: str, lease_id: str, request_id: str, router: str
+    ) -> Granted | None:
+        """One round trip for the common case (see scripts.GRANT_FAST); None: not applicable."""
+        key = self._lease_keys.get(member)
+        if key is None:
+            return None
+        pool = self.policy.name
+        result = await self._grant_fast(
+            keys=[
+                self._state,
+                key,
+                self._lease_meta,
+                self._request_leases,
+                self.keys.pool_waiters(pool, member),
+                self.keys.pool_failure(pool, member),
+            ],
+            args=[member, lease_id, self.policy.lease_ttl_ms, request_id, router],
+        )
+        if int(result[0]) != 1:
+            return None
+        return Granted(
+            lease_id=lease_id, ttl_s=self.policy.lease_ttl_ms / 1000, epoch=int(result[1])
+        )
 
     # --- leases and waiters ---------------------------------------------------------
 

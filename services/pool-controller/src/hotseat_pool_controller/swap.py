@@ -85,6 +85,7 @@ class SwapRunner:
             try:
                 async with asyncio.timeout(remaining):
                     await self._unload_others(order)
+                    await self._unload_target_if_unwanted(order)
                     decision = await self._step(
                         lambda s: decide_begin_load(s, epoch, self._controller), "loading"
                     )
@@ -112,6 +113,17 @@ class SwapRunner:
     async def _unload_others(self, order: SwapOrder) -> None:
         others = [m for m in self._policy.members if m != order.target]
         await asyncio.gather(*(self._driver.unload(m, epoch=order.epoch) for m in others))
+
+    async def _unload_target_if_unwanted(self, order: SwapOrder) -> None:
+        """About to cancel for lack of demand: the target may be (half) loaded already (a
+        swap taken over after its owner died mid-load), so unload it while still owning
+        the swap. If demand arrives meanwhile, the load simply runs after all."""
+        snap = await self._store.snapshot()
+        if not order.target or snap.forced or snap.live_waiters(order.target) > 0:
+            return
+        if snap.epoch != order.epoch or snap.owner != self._controller:
+            raise OwnershipLost
+        await self._driver.unload(order.target, epoch=order.epoch)
 
     async def _fail(self, order: SwapOrder, reason: str) -> None:
         log.error("swap_failed", pool=self._policy.name, target=order.target, epoch=order.epoch,

@@ -92,6 +92,8 @@ class NatsActivationClient:
     async def stop(self) -> None:
         for task in self._renewals.values():
             task.cancel()
+        if self._tasks:  # releases and cancels still on their way
+            await asyncio.wait(self._tasks, timeout=SMALL_TIMEOUT_S * 2)
         if self._sub is not None:
             with contextlib.suppress(NatsError):
                 await self._sub.unsubscribe()
@@ -247,11 +249,14 @@ class NatsActivationClient:
                 return
 
     async def release(self, lease: Lease) -> None:
+        """Stop renewing and tell the controller, without holding up the caller's response."""
         task = self._renewals.pop(lease.lease_id, None)
         if task is not None:
             task.cancel()
         message = ReleaseRequest(pool=lease.pool, member=lease.member, lease_id=lease.lease_id)
-        await self._fire(self._subjects.release, message)
+        self._background(
+            asyncio.get_running_loop().create_task(self._fire(self._subjects.release, message))
+        )
 
     async def report_failure(self, lease: Lease, *, request_id: str, reason: str) -> None:
         message = DispatchFailureReport(

@@ -1,0 +1,96 @@
+"""The one-round-trip grant agrees with the pure decision on every pool state."""
+
+from __future__ import annotations
+
+import uuid
+
+import redis.asyncio as aioredis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hotseat.launcher import Managed
+from hotseat_common.config.model import BusySignal, PoolActivation
+from hotseat_common.keys import Keys
+from hotseat_common.messages import Granted
+from hotseat_pool_controller.state import AcquireAsk, Phase, PoolPolicy, decide_acquire
+from hotseat_pool_controller.store import PoolStore
+
+POLICY = PoolPolicy(
+    name="gpu",
+    members=("a", "b"),
+    max_waiters=10,
+    lease_ttl_ms=60_000,
+    swap_timeout_ms=60_000,
+    failure_backoff_ms=60_000,
+    busy_signal=BusySignal.LEASES,
+    default=None,
+)
+
+states = st.fixed_dictionaries(
+    {
+        "phase": st.sampled_from([*list(Phase), None]),
+        "resident": st.sampled_from(["a", "b", ""]),
+        "member": st.sampled_from(["a", "b"]),
+        "failed": st.booleans(),
+        "held": st.booleans(),
+        "waiting": st.booleans(),
+        "leases": st.integers(0, 2),
+    }
+)
+
+
+async def test_fast_grant_matches_decide_acquire(redis_server: Managed) -> None:
+    """For random states, the fast path grants exactly when decide_acquire grants afresh."""
+    client: aioredis.Redis = aioredis.from_url(redis_server.url, decode_responses=True)
+    checked = 0
+
+    @settings(max_examples=150, deadline=None)
+    @given(state=states)
+    def run(state: dict[str, object]) -> None:
+        nonlocal checked
+        outcomes.append(state)
+        checked += 1
+
+    outcomes: list[dict[str, object]] = []
+    run()
+    try:
+        for state in outcomes:
+            store = PoolStore(client, Keys("f" + uuid.uuid4().hex[:8]), POLICY)
+            member = str(state["member"])
+            if state["phase"] is not None:
+                await client.hset(
+                    store.keys.pool_state("gpu"),
+                    mapping={
+                        "phase": str(state["phase"]),
+                        "resident": str(state["resident"]),
+                        "epoch": "5",
+                    },
+                )
+            for i in range(int(state["leases"])):  # type: ignore[call-overload]
+                await client.zadd(
+                    store.keys.pool_leases("gpu", str(state["resident"]) or "a"), {f"x{i}": 2**50}
+                )
+            if state["failed"]:
+                await client.set(store.keys.pool_failure("gpu", member), "boom", px=60_000)
+            if state["held"]:
+                granted_before = await store.grant_if_resident(member, "old", "req", "r")
+                if granted_before is None:
+                    await client.hset(store.keys.pool_request_leases("gpu"), "req", "old")
+            if state["waiting"]:
+                await client.zadd(store.keys.pool_waiters("gpu", member), {"req": 2**50})
+            snap = await store.snapshot("req")
+            ask = AcquireAsk(member, PoolActivation.IF_IDLE, "req", "r", snap.now_ms + 1000, "new")
+            expected = decide_acquire(snap, ask, POLICY, "c")
+            fresh_grant = isinstance(expected.reply, Granted) and expected.reply.lease_id == "new"
+            fast = await store.grant_if_resident(member, "new", "req", "r")
+            assert (fast is not None) == fresh_grant, (state, snap, expected.reply, fast)
+            if fast is not None:
+                after = await store.snapshot("req")
+                assert after.request_lease is not None
+                assert after.request_lease.lease_id == "new"
+                assert after.request_lease.epoch == 5
+                assert not after.request_waiting
+            await store.reset()
+    finally:
+        await client.aclose()
+    assert checked == len(outcomes) > 50
