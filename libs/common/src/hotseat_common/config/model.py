@@ -180,6 +180,13 @@ class KubernetesDriver(_Model):
     """Members are workloads scaled between 0 and 1 replica."""
     namespace: str = "default"
     """Namespace of the members' workloads."""
+    kubeconfig: str | None = None
+    """Kubeconfig file (unset: the pod's service account inside a cluster, else
+    ``$KUBECONFIG``, else ``~/.kube/config``)."""
+    context: str | None = None
+    """Kubeconfig context to use (unset: the file's current context)."""
+    request_timeout: PositiveDuration = 10.0
+    """Timeout of each Kubernetes API call and each ``/slots`` call."""
 
 
 Driver = Annotated[
@@ -257,6 +264,9 @@ class KubernetesMember(_Model):
     """Name of the workload."""
     namespace: str | None = None
     """Namespace of the workload (unset: the driver's ``namespace``)."""
+    slots_port: int | None = Field(default=None, ge=1, le=65535, strict=True)
+    """Port of the pods' ``/slots`` (unset: the container port named ``http``, else the
+    first container port declared)."""
 
 
 class PoolMember(_Model):

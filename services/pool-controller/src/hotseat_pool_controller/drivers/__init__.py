@@ -5,6 +5,7 @@ from __future__ import annotations
 from hotseat_common.config.model import HotseatConfig, Pool
 from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
 from hotseat_pool_controller.drivers.http import HttpDriver
+from hotseat_pool_controller.drivers.kubernetes import KubernetesDriver
 from hotseat_pool_controller.drivers.process import ProcessDriver
 from hotseat_pool_controller.drivers.sim import SimDriver
 
@@ -20,4 +21,6 @@ def build_driver(config: HotseatConfig, pool: Pool) -> ResidencyDriver:
         return ProcessDriver(config, pool)
     if kind == "http":
         return HttpDriver(config, pool)
+    if kind == "kubernetes":
+        return KubernetesDriver(config, pool)
     raise NotImplementedError(f"pool {pool.name}: driver kind {kind!r} is not available yet")
