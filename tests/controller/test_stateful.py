@@ -175,7 +175,7 @@ class ControllerMachine(RuleBasedStateMachine):
     def release(self, data: st.DataObject) -> None:
         lease_id = data.draw(st.sampled_from(sorted(self.leases)))
         member, _ = self.leases.pop(lease_id)
-        assert self.run(self.store.release(member, lease_id))
+        assert self.run(self.store.release(member, lease_id)).removed
 
     @precondition(lambda self: self.leases)
     @rule(data=st.data())

@@ -133,7 +133,7 @@ class ActivationHandlers:
         pool = self._pool(request.pool)
         if pool is None:
             return Ack(ok=False, code="unknown_pool", message=f"no pool {request.pool!r}")
-        return Ack(ok=await pool.release(request.member, request.lease_id))
+        return Ack(ok=await pool.release(request.member, request.lease_id))  # reply optional
 
     async def _renew(self, data: bytes) -> WireModel:
         request = RenewRequest.from_bytes(data)

@@ -167,8 +167,9 @@ class PoolRuntime:
 
     async def release(self, member: str, lease_id: str) -> bool:
         released = await self.store.release(member, lease_id)
-        self.wake.set()
-        return released
+        if released.may_move:
+            self.wake.set()
+        return released.removed
 
     async def renew(self, member: str, lease_id: str) -> bool:
         return await self.store.renew(member, lease_id)

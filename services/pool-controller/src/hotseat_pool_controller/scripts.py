@@ -116,7 +116,12 @@ return 1
 """
 )
 
-RELEASE = """
+RELEASE = (
+    _NOW
+    + """
+-- KEYS: leases, lease-meta, request-leases, state, waiters of every member...
+-- Returns {removed, live leases left on the member, phase, live waiters in the pool} so
+-- the caller wakes the supervisor only when the release can move the pool.
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 local meta = redis.call('HGET', KEYS[2], ARGV[1])
 if meta then
@@ -125,6 +130,25 @@ if meta then
     redis.call('HDEL', KEYS[3], m.request_id)
   end
   redis.call('HDEL', KEYS[2], ARGV[1])
+end
+local left = redis.call('ZCOUNT', KEYS[1], since, '+inf')
+local waiters = 0
+for i = 5, #KEYS do waiters = waiters + redis.call('ZCOUNT', KEYS[i], since, '+inf') end
+return {removed, left, redis.call('HGET', KEYS[4], 'phase') or '', waiters}
+"""
+)
+
+CANCEL = """
+-- A request gives up: leave the waiters, and free any lease it was granted but never
+-- learned of (its acquire reply was lost or came after the caller left).
+-- KEYS: waiters of the member, request-leases, lease-meta, leases of the member
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+local lease = redis.call('HGET', KEYS[2], ARGV[1])
+if lease then
+  redis.call('ZREM', KEYS[4], lease)
+  redis.call('HDEL', KEYS[3], lease)
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  removed = removed + 1
 end
 return removed
 """

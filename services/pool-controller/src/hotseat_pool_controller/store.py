@@ -46,6 +46,13 @@ class Applied(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Released:
+    removed: bool
+    may_move: bool
+    """The release can let the pool move (drain finished, waiters left)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ExpiredLease:
     lease_id: str
     member: str
@@ -83,6 +90,7 @@ class PoolStore:
         self._release = redis.register_script(scripts.RELEASE)
         self._reap = redis.register_script(scripts.REAP)
         self._grant_fast = redis.register_script(scripts.GRANT_FAST)
+        self._cancel = redis.register_script(scripts.CANCEL)
 
     # --- reads --------------------------------------------------------------------
 
@@ -236,20 +244,37 @@ class PoolStore:
         result = await self._renew(keys=[key], args=[lease_id, self.policy.lease_ttl_ms])
         return bool(result)
 
-    async def release(self, member: str, lease_id: str) -> bool:
+    async def release(self, member: str, lease_id: str) -> Released:
+        key = self._lease_keys.get(member)
+        if key is None:
+            return Released(removed=False, may_move=False)
+        removed, left, phase, waiters = await self._release(
+            keys=[
+                key,
+                self._lease_meta,
+                self._request_leases,
+                self._state,
+                *(m["waiters"] for m in self._member_keys),
+            ],
+            args=[lease_id],
+        )
+        # Only the last lease of a member the pool is draining away from, or one leaving
+        # waiters behind, can let the pool move; other releases need no supervisor tick.
+        may_move = int(left) == 0 and (phase == Phase.DRAINING.value or int(waiters) > 0)
+        return Released(removed=bool(removed), may_move=may_move)
+
+    async def cancel(self, member: str, request_id: str) -> bool:
         key = self._lease_keys.get(member)
         if key is None:
             return False
-        result = await self._release(
-            keys=[key, self._lease_meta, self._request_leases], args=[lease_id]
-        )
-        return bool(result)
-
-    async def cancel(self, member: str, request_id: str) -> bool:
-        if member not in self._lease_keys:
-            return False
-        removed = await self.redis.zrem(
-            self.keys.pool_waiters(self.policy.name, member), request_id
+        removed = await self._cancel(
+            keys=[
+                self.keys.pool_waiters(self.policy.name, member),
+                self._request_leases,
+                self._lease_meta,
+                key,
+            ],
+            args=[request_id],
         )
         return bool(removed)
 

@@ -134,7 +134,6 @@ class NatsActivationClient:
             router=self._router,
             deadline=time.time() + budget_s,
         )
-        held = False
         try:
             while True:
                 signal = self._signal(pool)
@@ -143,11 +142,10 @@ class NatsActivationClient:
                 if isinstance(reply, Granted):
                     return self._granted(pool, member, reply)
                 waiting = _expect_wait(pool, reply)
-                held = True
                 await self._wait_for_change(signal, generation, changed, deadline, waiting)
         except BaseException:
-            if held:
-                self._withdraw(pool, member, request_id)
+            # Leave the waiters, and free a lease granted to a reply we never read.
+            self._withdraw(pool, member, request_id)
             raise
 
     async def _ask(
