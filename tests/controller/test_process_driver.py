@@ -450,6 +450,46 @@ async def test_env_and_cwd_reach_the_process(tmp_path, make_driver):
     assert seen == "x42 " + os.environ["PATH"]
 
 
+async def test_variables_and_home_are_expanded_in_the_command(tmp_path, make_driver, monkeypatch):
+    """${NAME} (member env over the controller's), ${NAME:-default}, $$ and a leading ~ are
+    expanded in the command; a bare $NAME is left for a shell to read."""
+    port = free_port()
+    monkeypatch.setenv("HOTSEAT_TEST_FROM_CONTROLLER", "ctl")
+    monkeypatch.setenv("HOTSEAT_TEST_EMPTY", "")
+    script = (
+        "import pathlib, runpy, sys; "
+        "pathlib.Path(sys.argv[1]).write_text('\\n'.join(sys.argv[2:])); "
+        f"sys.argv = [{MEMBER_SERVER!r}, '--port', '{port}']; "
+        f"runpy.run_path({MEMBER_SERVER!r}, run_name='__main__')"
+    )
+    argv = [
+        sys.executable, "-c", script, "${HOTSEAT_TEST_OUT}/seen.txt",
+        "${HOTSEAT_TEST_FROM_CONTROLLER}", "${HOTSEAT_TEST_MEMBER}",
+        "${HOTSEAT_TEST_UNSET_X:-fallback}", "${HOTSEAT_TEST_EMPTY:-was-empty}",
+        "~/models", "cost $$5", "$HOME",
+    ]  # fmt: skip
+    env = {"HOTSEAT_TEST_MEMBER": "member", "HOTSEAT_TEST_OUT": str(tmp_path)}
+    config, pool = make_config(tmp_path, {"a": (port, argv)}, extra={"a": {"env": env}})
+    driver = make_driver(config, pool)
+    await driver.load("a", epoch=1)
+    seen = (tmp_path / "seen.txt").read_text().split("\n")
+    home = str(Path.home())
+    assert seen == ["ctl", "member", "fallback", "was-empty", f"{home}/models", "cost $5", "$HOME"]
+
+
+async def test_unset_variable_fails_the_load_by_name(tmp_path, make_driver):
+    """A command naming an unset ${NAME} without a default fails its load, naming it; nothing
+    is started."""
+    port = free_port()
+    argv = [*server_argv(port), "--model", "${HOTSEAT_TEST_NEVER_SET}/m.gguf"]
+    config, pool = make_config(tmp_path, {"a": (port, argv)})
+    driver = make_driver(config, pool)
+    with pytest.raises(DriverError, match=r"\$\{HOTSEAT_TEST_NEVER_SET\}, not set"):
+        await driver.load("a", epoch=1)
+    assert await driver.residency() == {"a": False}
+    assert not (tmp_path / "gpu0" / "a.pid").exists()
+
+
 # --- the sim backend started as a command -------------------------------------------------
 
 

@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -37,9 +38,11 @@ import httpx
 
 from hotseat_common.config.model import HotseatConfig, Pool
 from hotseat_common.config.model import ProcessDriver as ProcessDriverConfig
+from hotseat_common.config.model import ProcessMember as ProcessMemberConfig
 from hotseat_common.logging import get_logger
 from hotseat_pool_controller.drivers import processgroup
 from hotseat_pool_controller.drivers.base import DriverError
+from hotseat_pool_controller.drivers.expansion import expand
 from hotseat_pool_controller.drivers.probes import fetch_idle
 from hotseat_pool_controller.drivers.processgroup import PidRecord
 
@@ -78,6 +81,37 @@ class _Spec:
     port: int
     log_path: Path
     pid_path: Path
+    unset: tuple[str, ...] = ()
+    """Variables named by the command, ``cwd`` or ``logFile`` that are not set."""
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    env: dict[str, str]
+    argv: tuple[str, ...]
+    cwd: str | None
+    log_file: str | None
+    unset: tuple[str, ...]
+
+
+def _resolve(member: ProcessMemberConfig) -> _Resolved:
+    """The member's env, then its argv, ``cwd`` and ``logFile``, expanded (see expansion)."""
+    unset: set[str] = set()
+
+    def one(value: str, scope: Mapping[str, str]) -> str:
+        expanded = expand(value, scope)
+        unset.update(expanded.missing)
+        return expanded.value
+
+    env = {key: one(value, os.environ) for key, value in member.env.items()}
+    scope = {**os.environ, **env}
+    return _Resolved(
+        env=env,
+        argv=tuple(one(arg, scope) for arg in member.command),
+        cwd=None if member.cwd is None else one(member.cwd, scope),
+        log_file=None if member.log_file is None else one(member.log_file, scope),
+        unset=tuple(sorted(unset)),
+    )
 
 
 @dataclass
@@ -145,19 +179,21 @@ class ProcessDriver:
                 raise DriverError(
                     f"pool {pool.name}: member {member.name} needs a healthUrl or a backend"
                 )
-            log_file = Path(member.process.log_file or f"{member.name}.log").expanduser()
+            resolved = _resolve(member.process)
+            log_file = Path(resolved.log_file or f"{member.name}.log")
             host, port = _address(base or health)
             self._specs[member.name] = _Spec(
                 name=member.name,
-                argv=member.process.command,
-                env=dict(member.process.env),
-                cwd=member.process.cwd,
+                argv=resolved.argv,
+                env=resolved.env,
+                cwd=resolved.cwd,
                 health_url=health,
                 slots_url=member.process.slots_url or (base or health.rsplit("/", 1)[0]) + "/slots",
                 host=host,
                 port=port,
                 log_path=log_file if log_file.is_absolute() else self._dir / log_file,
                 pid_path=self._dir / f"{member.name}.pid",
+                unset=resolved.unset,
             )
         self._running: dict[str, _Running] = {}
         self._locks = {name: asyncio.Lock() for name in self._specs}
@@ -274,6 +310,12 @@ class ProcessDriver:
         return False
 
     def _executable(self, spec: _Spec) -> str:
+        if spec.unset:
+            names = ", ".join("${" + name + "}" for name in spec.unset)
+            raise DriverError(
+                f"{spec.name}: its command, cwd or logFile uses {names}, not set in the "
+                "controller's environment (give a default with ${NAME:-default})"
+            )
         command = spec.argv[0]
         path = spec.env.get("PATH", os.environ.get("PATH"))
         if os.sep in command and spec.cwd is not None:
