@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
-from hotseat_common.config.model import BusySignal, Pool
+from hotseat_common.config.model import Pool
 from hotseat_common.logging import get_logger
 from hotseat_common.messages import (
     AcquireRequest,
@@ -126,15 +126,15 @@ class PoolRuntime:
     async def _run_swap(self, order: SwapOrder) -> None:
         started = time.monotonic()
         try:
-            await self._runner.run(order)
+            result = await self._runner.run(order)
         except asyncio.CancelledError:
             log.info("swap_task_stopped", pool=self.name, epoch=order.epoch)
             raise
         finally:
-            self.announcer.metrics.swap_duration.labels(self.name, order.target, "done").observe(
-                time.monotonic() - started
-            )
             self.wake.set()
+        self.announcer.metrics.swap_duration.labels(self.name, order.target, result).observe(
+            time.monotonic() - started
+        )
 
     # --- requests ---------------------------------------------------------------------
 
@@ -275,6 +275,3 @@ class PoolRuntime:
                 log.warning("supervisor_store_unreachable", pool=self.name, error=str(exc))
             except DriverError as exc:
                 log.warning("supervisor_driver_error", pool=self.name, error=str(exc))
-
-    def needs_slots(self) -> bool:
-        return self.pool.busy_signal == BusySignal.LEASES_AND_SLOTS

@@ -72,8 +72,10 @@ class SwapRunner:
         await self._after_step(decision, reason)
         return decision
 
-    async def run(self, order: SwapOrder) -> None:
+    async def run(self, order: SwapOrder) -> str:
+        """Run the swap; returns ``completed``, ``cancelled``, ``failed`` or ``lost``."""
         epoch = order.epoch
+        result = "lost"
         snap = await self._store.snapshot()
         remaining = max(0.0, (snap.deadline_ms - snap.now_ms) / 1000)
         started = time.monotonic()
@@ -90,13 +92,16 @@ class SwapRunner:
                         lambda s: decide_begin_load(s, epoch, self._controller), "loading"
                     )
                     if decision.audit:  # cancelled: the demand left before the load began
-                        return
+                        result = "cancelled"
+                        return result
                     if order.target:
                         await self._driver.load(order.target, epoch=epoch)
                     await self._step(lambda s: decide_commit(s, epoch, self._controller), "ready")
+                    result = "completed"
             except (TimeoutError, DriverError) as exc:
                 reason = "swap_timeout" if isinstance(exc, TimeoutError) else str(exc)
                 await self._fail(order, reason)
+                result = "failed"
         except OwnershipLost:
             log.warning("swap_ownership_lost", pool=self._policy.name, epoch=epoch)
         except RedisError as exc:
@@ -108,7 +113,8 @@ class SwapRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
             log.info("swap_run_done", pool=self._policy.name, target=order.target, epoch=epoch,
-                     seconds=round(time.monotonic() - started, 3))  # fmt: skip
+                     result=result, seconds=round(time.monotonic() - started, 3))  # fmt: skip
+        return result
 
     async def _unload_others(self, order: SwapOrder) -> None:
         others = [m for m in self._policy.members if m != order.target]
