@@ -37,7 +37,7 @@ if spec.request_id ~= '' then
       local key = spec.lease_keys[m.member]
       local s = key and redis.call('ZSCORE', key, lease)
       if s and tonumber(s) > now then
-        out.lease = {id = lease, member = m.member, epoch = tostring(m.epoch)}
+        out.lease = {id = lease, member = m.member, epoch = tostring(m.epoch), expiry = s}
       end
     end
   end

@@ -73,6 +73,8 @@ class RequestLease:
     member: str
     lease_id: str
     epoch: int
+    expiry_ms: int = 0
+    """When the lease expires unless renewed (Redis clock); 0: unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,11 +361,11 @@ def decide_acquire(
         return Decision(reply=WaitReply(reason="reconciling", epoch=snap.epoch, retry_after_s=1.0))
     held = snap.request_lease
     if held is not None and held.member == ask.member:
-        # A retried acquire (same request id) gets the lease it already has.
+        # A retried acquire (same request id) gets the lease it already has, with the time
+        # that lease has left: the router must not believe it lives longer than it does.
+        left_ms = held.expiry_ms - snap.now_ms if held.expiry_ms else policy.lease_ttl_ms
         return Decision(
-            reply=Granted(
-                lease_id=held.lease_id, ttl_s=policy.lease_ttl_ms / 1000, epoch=held.epoch
-            )
+            reply=Granted(lease_id=held.lease_id, ttl_s=max(0, left_ms) / 1000, epoch=held.epoch)
         )
     backoff_ms = snap.failures.get(ask.member, 0)
     if backoff_ms > 0:

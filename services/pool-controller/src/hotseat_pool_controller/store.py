@@ -338,7 +338,12 @@ def _parse_snapshot(raw: dict[str, Any]) -> PoolSnapshot:
         failures={m["name"]: int(m["failure"]) for m in members if int(m["failure"]) > 0},
         swap_times=tuple(float(s) for s in swap_times),
         request_lease=(
-            RequestLease(member=lease["member"], lease_id=lease["id"], epoch=int(lease["epoch"]))
+            RequestLease(
+                member=lease["member"],
+                lease_id=lease["id"],
+                epoch=int(lease["epoch"]),
+                expiry_ms=int(float(lease.get("expiry") or 0)),
+            )
             if isinstance(lease, dict)
             else None
         ),

@@ -13,11 +13,18 @@ is released) or raises one of :mod:`hotseat_common.errors`:
 The lease must be released when the response body ends (streaming included) or the client
 leaves, from the stream generator's ``finally``; while held, it is renewed in the
 background, and ``lease.lost`` is set when a renewal is refused (the stream must then end).
+
+``lease.valid_until`` is the router's own proof of the lease: the local time, on the
+event loop's clock, before which the controller cannot have let it expire (the moment the
+acquire or the last confirmed renewal was *sent*, plus the TTL the controller then gave).
+A router whose loop stalled or whose process was frozen past it no longer holds the
+lease, whatever it has not yet heard: it must not dispatch on it or keep streaming.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,6 +42,12 @@ class Lease:
     ttl_s: float
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the controller refused a renewal: the member may no longer be resident."""
+    valid_until: float = math.inf
+    """Event-loop time until which the lease is certainly alive (``inf``: no controller)."""
+
+    def expired(self) -> bool:
+        """True once the lease may have expired at the controller (or was refused)."""
+        return self.lost.is_set() or asyncio.get_running_loop().time() >= self.valid_until
 
 
 class ActivationClient(Protocol):

@@ -138,9 +138,15 @@ class NatsActivationClient:
             while True:
                 signal = self._signal(pool)
                 generation, changed = signal.generation, signal.changed
-                reply = await self._ask(request, deadline - loop.time())
+                reply, asked_at = await self._ask(request, deadline - loop.time())
                 if isinstance(reply, Granted):
-                    return self._granted(pool, member, reply)
+                    if loop.time() < asked_at + reply.ttl_s:
+                        return self._granted(pool, member, reply, asked_at)
+                    # The grant came too late to prove anything (this loop stalled, or the
+                    # link was slow): the lease may be gone and the member swapped away.
+                    # Ask again: the controller answers with the truth for this request.
+                    log.warning("acquire_grant_stale", pool=pool, request_id=request_id)
+                    continue
                 waiting = _expect_wait(pool, reply)
                 await self._wait_for_change(signal, generation, changed, deadline, waiting)
         except BaseException:
@@ -150,14 +156,16 @@ class NatsActivationClient:
 
     async def _ask(
         self, request: AcquireRequest, remaining: float
-    ) -> Granted | IncumbentBusyReply | WaitReply | ErrorReply:
-        """One acquire, asked again (same request id) while the controller is slow."""
+    ) -> tuple[Granted | IncumbentBusyReply | WaitReply | ErrorReply, float]:
+        """One acquire, asked again (same request id) while the controller is slow; the
+        reply and the loop time at which the question it answers was sent."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + remaining
         while True:
             left = deadline - loop.time()
             if left <= 0:
                 raise ActivationTimeout(f"pool {request.pool}: controller did not answer in time")
+            asked_at = loop.time()
             try:
                 data = await self._request(
                     self._subjects.acquire, request, min(REQUEST_TIMEOUT_S, left)
@@ -174,7 +182,7 @@ class NatsActivationClient:
                     f"pool {request.pool}: NATS unavailable ({type(exc).__name__})",
                     retry_after=1.0,
                 ) from exc
-            return ACQUIRE_REPLY.validate_json(data)
+            return ACQUIRE_REPLY.validate_json(data), asked_at
 
     async def _wait_for_change(
         self,
@@ -220,9 +228,14 @@ class NatsActivationClient:
 
     # --- leases -----------------------------------------------------------------------
 
-    def _granted(self, pool: str, member: str, reply: Granted) -> Lease:
+    def _granted(self, pool: str, member: str, reply: Granted, asked_at: float) -> Lease:
         lease = Lease(
-            pool=pool, member=member, lease_id=reply.lease_id, epoch=reply.epoch, ttl_s=reply.ttl_s
+            pool=pool,
+            member=member,
+            lease_id=reply.lease_id,
+            epoch=reply.epoch,
+            ttl_s=reply.ttl_s,
+            valid_until=asked_at + reply.ttl_s,
         )
         self._renewals[lease.lease_id] = asyncio.get_running_loop().create_task(
             self._renew_loop(lease)
@@ -230,21 +243,29 @@ class NatsActivationClient:
         return lease
 
     async def _renew_loop(self, lease: Lease) -> None:
-        """Renew every ttl/3; a definitive refusal means the lease is gone: set ``lost``."""
-        interval = max(0.05, lease.ttl_s / 3)
+        """Renew every ttl/3 and move ``valid_until`` on each confirmed renewal. A refusal,
+        or ``valid_until`` passing unconfirmed (the controller or its store unreachable for
+        a whole TTL, or this loop stalled), means the lease may be gone: set ``lost``."""
+        loop = asyncio.get_running_loop()
         message = RenewRequest(pool=lease.pool, member=lease.member, lease_id=lease.lease_id)
         while True:
-            await asyncio.sleep(interval)
+            left = lease.valid_until - loop.time()
+            await asyncio.sleep(max(0.05, min(lease.ttl_s / 3, left / 2)))
+            if loop.time() >= lease.valid_until:
+                break
+            asked_at = loop.time()
             try:
                 data = await self._request(self._subjects.renew, message, SMALL_TIMEOUT_S)
                 reply = RenewReply.from_bytes(data)
             except (NatsError, ValidationError) as exc:
                 log.warning("lease_renew_failed", pool=lease.pool, error=type(exc).__name__)
                 continue
-            if not reply.ok and reply.code is None:
-                log.error("lease_lost", pool=lease.pool, member=lease.member, lease=lease.lease_id)
-                lease.lost.set()
-                return
+            if reply.ok:
+                lease.valid_until = asked_at + reply.ttl_s
+            elif reply.code is None:
+                break
+        log.error("lease_lost", pool=lease.pool, member=lease.member, lease=lease.lease_id)
+        lease.lost.set()
 
     async def release(self, lease: Lease) -> None:
         """Stop renewing and tell the controller, without holding up the caller's response."""

@@ -102,6 +102,7 @@ class Relay:
     async def _pump(self, ctx: RequestContext, dispatched: Dispatched, send: Send) -> str | None:
         """Copy the body; ``None`` when it ended normally, else why it stopped."""
         response = dispatched.response
+        lease = dispatched.lease
         await send(
             {
                 "type": "http.response.start",
@@ -121,6 +122,8 @@ class Relay:
                 return "stream_idle_timeout"
             except UpstreamBodyError:
                 return "upstream_body_error"
+            if lease is not None and lease.expired():
+                return "lease_lost"  # never relay past the lease (a stalled loop resumes here)
             if not chunk:
                 ctx.response_done = True
                 await send({"type": "http.response.body", "body": b""})
