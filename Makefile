@@ -35,3 +35,17 @@ check: lint typecheck
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+.PHONY: deploy-check docs docs-reference
+
+## Validate compose.yaml, the Dockerfile, the Kubernetes manifests and the dashboard offline.
+deploy-check: install
+	$(BIN)/python -m deploy.check
+
+## Build the documentation site; broken links and missing pages fail the build.
+docs: install
+	$(BIN)/mkdocs build --strict --site-dir .hotseat/site
+
+## Regenerate the metrics and audit-event references in docs/ from the code.
+docs-reference: install
+	$(BIN)/python -m tests.docs.reference

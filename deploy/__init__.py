@@ -1,0 +1,1 @@
+"""Hotseat deploy files and their offline checks (``python -m deploy.check``)."""

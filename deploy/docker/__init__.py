@@ -1,0 +1,1 @@
+"""Helpers the Dockerfile runs while building the image."""
