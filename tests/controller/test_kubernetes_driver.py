@@ -400,3 +400,47 @@ async def test_controller_swap_deletes_old_pods_before_the_next_member_scales_up
     assert deleted[0].at < scale_b.at
     assert api.workload("b").available == 1
     assert api.pods_of(api.workload("a")) == []
+
+
+def _rbac_verbs(method: str, path: str, query: dict[str, str]) -> tuple[str, str, str]:
+    """(apiGroup, resource, verb) of one API request, as the API server authorizes it."""
+    parts = path.strip("/").split("/")
+    group = "" if parts[0] == "api" else parts[1]
+    rest = parts[parts.index("namespaces") + 2 :]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    if method == "PATCH":
+        return group, resource, "patch"
+    if len(rest) == 1:
+        return group, resource, "watch" if query.get("watch") == "true" else "list"
+    return group, resource, "get"
+
+
+async def test_shipped_role_grants_exactly_the_verbs_the_driver_uses(
+    api: KubeApi, make_driver: Callable[..., KubernetesDriver]
+):
+    """deploy/kubernetes/base/rbac.yaml is least privilege: every request of a full driver
+    cycle is allowed by the Role, and the Role allows nothing the driver never does."""
+    state: dict[str, bool] = {"busy": False}
+    async with slots_server(state) as port:
+        api.add_workload("model-assistant", replicas=1, port=port)
+        api.add_workload("model-coder", replicas=0, port=port)
+        driver = make_driver({"a": {"name": "model-assistant"}, "b": {"name": "model-coder"}})
+        await driver.residency()
+        assert await driver.is_ready("a")
+        assert await driver.is_idle("a")
+        await driver.unload("a", epoch=1)
+        await driver.load("b", epoch=1)
+    used = {_rbac_verbs(r.method, r.path, r.query) for r in api.requests}
+
+    rbac = Path(__file__).resolve().parents[2] / "deploy/kubernetes/base/rbac.yaml"
+    role = next(d for d in yaml.safe_load_all(rbac.read_text()) if d["kind"] == "Role")
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert used == granted
+    names = {n for rule in role["rules"] for n in rule.get("resourceNames", [])}
+    assert names == {"model-assistant", "model-coder"}
