@@ -8,6 +8,9 @@ from typing import Any
 import nats
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from hotseat_common.logging import get_logger
 from hotseat_common.settings import RedisSettings, ServiceSettings
@@ -60,14 +63,23 @@ async def connect_nats(settings: ServiceSettings, name: str) -> NatsClient:
     return client
 
 
-def connect_redis(settings: RedisSettings) -> aioredis.Redis:
-    """A pooled client; every command times out rather than hanging on a stalled server."""
+def connect_redis(settings: RedisSettings, *, reconnect_retries: int = 0) -> aioredis.Redis:
+    """A pooled client; every command times out rather than hanging on a stalled server.
+
+    ``reconnect_retries``: how often a command that met a broken connection (a pooled
+    connection to a Redis that restarted) is sent again on a fresh one, at once. Only for
+    callers whose commands are safe to repeat; a timeout is never retried.
+    """
     options: dict[str, Any] = {
         "socket_timeout": REDIS_SOCKET_TIMEOUT,
         "socket_connect_timeout": REDIS_SOCKET_TIMEOUT,
         "health_check_interval": 10,
         "decode_responses": True,
     }
+    if reconnect_retries > 0:
+        options["retry"] = Retry(
+            NoBackoff(), reconnect_retries, supported_errors=(RedisConnectionError,)
+        )
     if settings.redis_password:
         options["password"] = settings.redis_password.get_secret_value()
     if settings.redis_tls_ca:

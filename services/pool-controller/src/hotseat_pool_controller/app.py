@@ -26,6 +26,7 @@ from hotseat_pool_controller.pools import PoolRuntime
 from hotseat_pool_controller.settings import ControllerSettings
 from hotseat_pool_controller.state import PoolPolicy
 from hotseat_pool_controller.store import PoolStore
+from hotseat_pool_controller.store_health import StoreHealth
 
 log = get_logger(__name__)
 
@@ -39,7 +40,9 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            redis = connect_redis(settings)
+            # Every store script is safe to send twice (preconditions, idempotent writes),
+            # so a command that met a connection broken by a Redis restart is resent.
+            redis = connect_redis(settings, reconnect_retries=2)
             stack.push_async_callback(redis.aclose)
             await redis.ping()
             nc = await connect_nats(settings, name=controller)
@@ -60,7 +63,14 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
                 pools[pool.name] = PoolRuntime(
                     pool, policy, PoolStore(redis, keys, policy), driver, announcer, controller
                 )
-            handlers = ActivationHandlers(nc, subjects, pools, settings.max_concurrent_requests)
+            health = StoreHealth(
+                redis,
+                interval=settings.store_probe_interval,
+                timeout=settings.store_probe_timeout,
+            )
+            handlers = ActivationHandlers(
+                nc, subjects, pools, settings.max_concurrent_requests, health
+            )
             await handlers.start()
             loops = [
                 asyncio.create_task(
@@ -69,9 +79,11 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
                 )
                 for p in pools.values()
             ]
+            loops.append(asyncio.create_task(health.run(), name="store-health"))
             for task in loops:
                 task.add_done_callback(_die_loudly)
             readiness.add("nats", lambda: nc.is_connected)
+            readiness.add("store", lambda: health.up)
             log.info("controller_started", controller=controller, pools=list(pools))
             try:
                 yield

@@ -8,7 +8,8 @@ with a stable code, plus the ``Nats-Service-Error`` / ``-Code`` headers.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -31,12 +32,13 @@ from hotseat_common.messages import (
 )
 from hotseat_common.subjects import CONTROLLER_QUEUE_GROUP, Subjects
 from hotseat_pool_controller.pools import PoolRuntime
+from hotseat_pool_controller.store_health import StoreHealth
 
 log = get_logger(__name__)
 
 UNAVAILABLE_RETRY_AFTER_S = 1.0
 
-Handler = Callable[[bytes], Awaitable[WireModel]]
+Handler = Callable[[bytes], Coroutine[Any, Any, WireModel]]
 
 
 class ActivationHandlers:
@@ -46,8 +48,10 @@ class ActivationHandlers:
         subjects: Subjects,
         pools: Mapping[str, PoolRuntime],
         max_concurrent: int,
+        health: StoreHealth | None = None,
     ) -> None:
         self._nc = nc
+        self._health = health
         self._subjects = subjects
         self._pools = pools
         self._limit = asyncio.Semaphore(max_concurrent)
@@ -94,7 +98,8 @@ class ActivationHandlers:
         async with self._limit:
             headers: dict[str, str] | None = None
             try:
-                reply = await handler(msg.data)
+                work = handler(msg.data)
+                reply = await (self._health.guard(work) if self._health else work)
             except ValidationError as exc:
                 reply = ErrorReply(code="bad_request", message=_short(exc))
                 headers = {"Nats-Service-Error": reply.message, "Nats-Service-Error-Code": "400"}

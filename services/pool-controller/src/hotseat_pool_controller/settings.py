@@ -24,6 +24,14 @@ class ControllerSettings(ServiceSettings, RedisSettings):
     heartbeat_ttl: float = Field(
         default=3.0, gt=0, description="A swap owner silent this long is taken over"
     )
+    store_probe_interval: float = Field(
+        default=0.25, gt=0, description="Seconds between probes of the pool store (Redis)"
+    )
+    store_probe_timeout: float = Field(
+        default=0.5,
+        gt=0,
+        description="A store probe slower than this marks the store down (requests fail fast)",
+    )
     max_concurrent_requests: int = Field(
         default=256, ge=1, description="NATS requests handled at once by this replica"
     )
