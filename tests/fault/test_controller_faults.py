@@ -1,0 +1,268 @@
+"""Fault tests: controllers killed mid-swap, racing each other, absent, or slow (guarantees
+3, 4, 8 and 9 of docs/reliability.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from hotseat_common.keys import Keys
+from tests.fault.conftest import MakeFaultStack, StartProxy
+from tests.support.clients import chat
+from tests.support.faultproxy import DOWN, UP, seen
+from tests.support.faultstack import FaultStack
+from tests.support.stack import eventually, pool_stack_config
+
+pytestmark = pytest.mark.fault
+
+ROUNDS_PER_PHASE = 3
+"""Kills per swap phase in the controller-kill test (3 phases: 9 kills, about a minute)."""
+
+
+def phases_config() -> dict[str, Any]:
+    """Unloads and loads slow enough that every phase can be caught and killed in."""
+    return pool_stack_config(
+        pool={"leaseTtl": "2s", "swapBudget": "30s"},
+        judge={"loadSeconds": 0.8, "unloadSeconds": 0.5},
+        coder={"loadSeconds": 0.8, "unloadSeconds": 0.5},
+    )
+
+
+async def _phase(stack: FaultStack, phase: str) -> dict[str, str] | None:
+    state = await stack.state_hash()
+    return state if state.get("phase") == phase else None
+
+
+def _load_epochs(timeline: list[Any]) -> list[int]:
+    return [int(e.fields["epoch"]) for e in timeline if e.event == "load_start"]
+
+
+async def test_controller_killed_in_every_swap_phase_never_makes_two_residents(
+    make_stack: MakeFaultStack,
+) -> None:
+    """Two replicas; the swap's owner (or, while draining, a replica) is SIGKILLed in each
+    phase, draining, unloading and loading, round after round: never two residents, the
+    pool converges on the requested member every time, and epochs strictly increase."""
+    stack = make_stack(phases_config())
+    stack.start_sims()
+    stack.start_controller("c1")
+    stack.start_controller("c2")
+    stack.start_router()
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    epochs = [int((await stack.state_hash())["epoch"])]
+    resident, other = "judge", "coder"
+    rounds = [p for _ in range(ROUNDS_PER_PHASE) for p in ("draining", "unloading", "loading")]
+    for i, phase in enumerate(rounds):
+        incumbent_stream = None
+        if phase == "draining":  # the incumbent must be busy for the pool to drain
+            incumbent_stream = asyncio.create_task(chat(url, resident, max_tokens=20))
+            await eventually(lambda r=resident: _leased(stack, r))
+        held = asyncio.create_task(chat(url, other))
+        state = await eventually(lambda p=phase: _phase(stack, p), timeout=15, interval=0.02)
+        victim = state.get("owner") or ("c1" if i % 2 else "c2")
+        stack.controllers[victim].kill()
+        restart = asyncio.create_task(asyncio.to_thread(stack.restart_controller, victim))
+        response = await held
+        assert response.status_code == 200, (phase, response.text)
+        assert response.headers["x-hotseat-backend"] == other, phase
+        if incumbent_stream is not None:
+            assert (await incumbent_stream).status_code == 200
+        await restart
+        await stack.wait_resident(other)
+        epochs.append(int((await stack.state_hash())["epoch"]))
+        resident, other = other, resident
+    assert epochs == sorted(set(epochs)), f"epochs did not strictly increase: {epochs}"
+    verdict = await stack.assert_invariants()
+    timeline = await stack.ledger()
+    loads = _load_epochs(timeline)
+    assert loads == sorted(loads), f"a load ran with an older epoch than one before: {loads}"
+    assert verdict.loads >= len(rounds)
+
+
+async def _leased(stack: FaultStack, member: str) -> bool:
+    return int((await stack.pool())["leases"][member]) > 0
+
+
+async def test_racing_replicas_make_one_transition_at_a_time(
+    make_stack: MakeFaultStack,
+) -> None:
+    """Two replicas and two routers under conflicting concurrent Wait demand for both
+    members: every swap epoch is started by exactly one replica and completed at most
+    once, the GPU never holds two members, and every client gets 200 or 503 with
+    Retry-After."""
+    stack = make_stack(
+        pool_stack_config(
+            pool={"leaseTtl": "2s", "swapBudget": "8s"},
+            judge={"loadSeconds": 0.2, "tokensPerSecond": 100},
+            coder={"loadSeconds": 0.3},
+        )
+    )
+    stack.start_sims()
+    stack.start_controller("c1")
+    stack.start_controller("c2")
+    stack.start_router()
+    stack.start_router()
+    await stack.wait_resident("judge")
+    rng = random.Random(7)
+    statuses: Counter[int] = Counter()
+    bad: list[str] = []
+    stop_at = time.monotonic() + 15
+
+    async def client(n: int) -> None:
+        while time.monotonic() < stop_at:
+            router = stack.routers[rng.randrange(2)].url
+            model = rng.choice(["judge", "coder"])
+            response = await chat(router, model, max_tokens=rng.randint(1, 8), timeout=30)
+            statuses[response.status_code] += 1
+            if response.status_code == 503 and "retry-after" in response.headers:
+                continue
+            if response.status_code != 200:
+                bad.append(f"client {n}: {response.status_code} {response.text}")
+            await asyncio.sleep(rng.random() * 0.3)
+
+    await asyncio.gather(*(client(n) for n in range(8)))
+    assert bad == [], bad
+    assert statuses[200] > 0
+    events = await _all_audit(stack)
+    started = Counter(e["epoch"] for e in events if e["outcome"] == "swap_started")
+    completed = Counter(e["epoch"] for e in events if e["outcome"] == "swap_completed")
+    assert len(started) >= 3, f"too little contention to prove anything: {started}"
+    assert all(n == 1 for n in started.values()), started
+    assert all(n == 1 for n in completed.values()), completed
+    assert set(completed) <= set(started)
+    await stack.assert_invariants()
+
+
+async def _all_audit(stack: FaultStack) -> list[dict[str, Any]]:
+    """The audit stream once every publisher has flushed (nothing new for a moment)."""
+    count = -1
+    while True:
+        events = await stack.audit()
+        if len(events) == count:
+            return events
+        count = len(events)
+        await asyncio.sleep(0.5)
+
+
+async def test_no_controller_fails_pooled_requests_at_once(make_stack: MakeFaultStack) -> None:
+    """No controller is running: a pooled request gets 503 with Retry-After at once (NATS
+    no-responders), not after a timeout; the router's health is unaffected."""
+    stack = make_stack(pool_stack_config())
+    stack.start_sims()
+    router = stack.start_router()
+    for _ in range(3):
+        started = time.monotonic()
+        response = await chat(router.url, "judge")
+        elapsed = time.monotonic() - started
+        assert response.status_code == 503, response.text
+        assert int(response.headers["retry-after"]) >= 1
+        assert response.json()["error"]["code"] == "controller_unavailable"
+        assert elapsed < 0.5, f"took {elapsed:.2f}s: not a fast failure"
+
+
+async def _request_leases(stack: FaultStack, request_id: str) -> tuple[str | None, int]:
+    """(the lease of ``request_id`` in Redis, live leases on judge)."""
+    client: aioredis.Redis = aioredis.from_url(stack.redis_url, decode_responses=True)
+    try:
+        keys = Keys(stack.prefix)
+        lease = await client.hget(keys.pool_request_leases("gpu0"), request_id)
+        count = await client.zcard(keys.pool_leases("gpu0", "judge"))
+        return lease, int(count)
+    finally:
+        await client.aclose()
+
+
+async def test_a_retried_acquire_gets_the_same_single_lease(
+    make_stack: MakeFaultStack, proxies: StartProxy
+) -> None:
+    """The controller's reply is slower than the router's request timeout: the router asks
+    again with the same request id and gets the lease granted to its first question; the
+    pool never holds more than one lease for the request."""
+    stack = make_stack(pool_stack_config(pool={"leaseTtl": "10s"}))
+    nats_port = int(stack.nats_url.rsplit(":", 1)[1])
+    proxy = proxies(nats_port)
+    stack.start_sims()
+    stack.start_controller("c1", nats_url=proxy.url("nats"))
+    router = stack.start_router()
+    await stack.wait_resident("judge")
+    seen_leases: set[str] = set()
+    most = 0
+
+    async def watch() -> None:
+        nonlocal most
+        while True:
+            lease, count = await _request_leases(stack, "slow-1")
+            if lease:
+                seen_leases.add(lease)
+            most = max(most, count)
+            await asyncio.sleep(0.02)
+
+    watcher = asyncio.create_task(watch())
+    # Replies leave the controller 2.5 s late: longer than the router's 2 s per request.
+    proxy.latency(2.5, UP)
+    first = proxy.when_seen(b".pool.acquire", DOWN, hold=False)
+    request = asyncio.create_task(chat(router.url, "judge", request_id="slow-1"))
+    await seen(first, 10)
+    second = proxy.when_seen(b".pool.acquire", DOWN, hold=False)
+    await seen(second, 10)  # the router asked again, with the same request id
+    proxy.pass_()
+    response = await request
+    watcher.cancel()
+    assert response.status_code == 200, response.text
+    assert response.headers["x-hotseat-backend"] == "judge"
+    assert len(seen_leases) == 1, seen_leases
+    assert most == 1
+    await stack.assert_invariants()
+
+
+async def _granted(stack: FaultStack, request_id: str) -> str | None:
+    lease, _ = await _request_leases(stack, request_id)
+    return lease
+
+
+async def test_an_orphan_lease_expires(make_stack: MakeFaultStack, proxies: StartProxy) -> None:
+    """The router gives up before the controller's grant reaches it and its cancel is lost
+    too: the orphan lease is never renewed and is gone within leaseTtl + a reaper tick,
+    after which the pool can swap again."""
+    ttl = 2.0
+    stack = make_stack(pool_stack_config(pool={"leaseTtl": f"{ttl}s", "swapBudget": "1s"}))
+    nats_port = int(stack.nats_url.rsplit(":", 1)[1])
+    proxy = proxies(nats_port)
+    stack.start_sims()
+    stack.start_controller("c1", nats_url=proxy.url("nats"))
+    router = stack.start_router()
+    second_router = stack.start_router()
+    await stack.wait_resident("judge")
+    proxy.blackhole(UP)  # no reply leaves the controller
+    delivered = proxy.when_seen(b".pool.acquire", DOWN, hold=False)
+    request = asyncio.create_task(chat(router.url, "judge", request_id="orphan-1"))
+    await seen(delivered, 10)
+    lease = await eventually(lambda: _granted(stack, "orphan-1"), interval=0.02)
+    granted = time.monotonic()
+    proxy.blackhole(DOWN)  # ... and nothing more reaches it: the router's cancel is lost
+    response = await request
+    assert response.status_code == 503, response.text
+    assert "retry-after" in response.headers
+    await eventually(lambda: _gone(stack, "orphan-1"), timeout=ttl + 5, interval=0.02)
+    assert time.monotonic() - granted <= ttl + 0.1 + 0.6
+    proxy.pass_()
+    swapped = await chat(second_router.url, "coder")
+    assert swapped.status_code == 200, swapped.text
+    assert swapped.headers["x-hotseat-backend"] == "coder"
+    await stack.wait_audit(
+        lambda e: e["outcome"] == "lease_expired" and e.get("request_id") == "orphan-1"
+    )
+    assert lease is not None
+    await stack.assert_invariants()
+
+
+async def _gone(stack: FaultStack, request_id: str) -> bool:
+    lease, count = await _request_leases(stack, request_id)
+    return lease is None and count == 0

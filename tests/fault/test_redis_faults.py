@@ -1,0 +1,145 @@
+"""Fault tests: the controllers' Redis blackholed, and restarted empty (guarantees 5 and 6
+of docs/reliability.md). The sims keep their GPU ledger on another Redis, so the oracle
+sees the truth whatever happens to the controllers' store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+
+from hotseat.launcher import free_port, start_redis
+from hotseat_common.keys import Keys
+from tests.fault.conftest import MakeFaultStack, StartProxy
+from tests.support.clients import chat, live_stream
+from tests.support.faultstack import FaultStack
+from tests.support.procs import kill
+from tests.support.stack import eventually, pool_stack_config
+
+pytestmark = pytest.mark.fault
+
+OUTAGE_S = 3.0
+
+
+def with_unpooled(pool: dict[str, Any]) -> dict[str, Any]:
+    plain = {"name": "plain", "address": f"http://127.0.0.1:{free_port()}"}
+    config = pool_stack_config(pool=pool, extra_backends=[plain])
+    config["rules"].append(
+        {"name": "plain", "match": {"models": ["plain"]}, "route": {"backends": ["plain"]}}
+    )
+    return config
+
+
+async def _loads_since(stack: FaultStack, since: float) -> list[Any]:
+    return [e for e in await stack.ledger() if e.event == "load_start" and e.time >= since]
+
+
+async def test_redis_blackholed_fails_closed_and_fast(
+    make_stack: MakeFaultStack, proxies: StartProxy
+) -> None:
+    """The controllers' Redis blackholed: no grant and no swap while it lasts (fail
+    closed), pooled requests get a fast 503 with Retry-After, a stream already in flight
+    finishes cleanly, and an unpooled backend keeps serving; once Redis is back, the pool
+    serves and swaps again."""
+    stack = make_stack(with_unpooled({"leaseTtl": "6s", "swapBudget": "20s"}))
+    proxy = proxies(int(stack.redis_url.rsplit(":", 1)[1].split("/")[0]))
+    stack.controller_redis_url = proxy.url("redis", "/0")
+    stack.start_sims()
+    stack.start_controller("c1")
+    stack.start_controller("c2")
+    router = stack.start_router()
+    await stack.wait_resident("judge")
+    assert (await chat(router.url, "judge")).status_code == 200
+    async with live_stream(router.url, "judge", max_tokens=50) as stream:  # 2.5 s at 20 tok/s
+        proxy.blackhole()
+        dark = time.time()
+        dark_mono = time.monotonic()
+        answers: list[tuple[str, int, float, str | None]] = []
+        while time.monotonic() - dark_mono < OUTAGE_S:
+            for model in ("judge", "coder", "plain"):
+                started = time.monotonic()
+                response = await chat(router.url, model, timeout=30)
+                answers.append(
+                    (
+                        model,
+                        response.status_code,
+                        time.monotonic() - started,
+                        response.headers.get("retry-after"),
+                    )
+                )
+            await asyncio.sleep(0.1)
+        result = await stream
+        proxy.pass_()
+    assert result.clean, result
+    pooled = [a for a in answers if a[0] != "plain"]
+    assert pooled, answers
+    assert all(status == 503 and retry for _, status, _, retry in pooled), pooled
+    slow = [a for a in pooled if a[2] > 2.5]
+    assert slow == [], f"pooled requests were not answered fast: {slow}"
+    assert all(status == 200 for model, status, _, _ in answers if model == "plain"), answers
+    assert await _loads_since(stack, dark) == []
+    # Back to normal: the resident serves and a swap runs.
+    await eventually(lambda: _serves(router.url, "judge"), timeout=10, interval=0.2)
+    swapped = await chat(router.url, "coder")
+    assert swapped.status_code == 200, swapped.text
+    assert swapped.headers["x-hotseat-backend"] == "coder"
+    await stack.assert_invariants()
+
+
+async def _serves(url: str, model: str) -> bool:
+    return (await chat(url, model)).status_code == 200
+
+
+async def test_redis_restarted_empty_rederives_residency_before_granting(
+    make_stack: MakeFaultStack, tmp_path: Path
+) -> None:
+    """The controllers' Redis restarts empty: the controller rebuilds the pool from what
+    the drivers report before it grants anything (the resident keeps serving without a
+    reload, under a new epoch), and later swaps still never overlap."""
+    port = free_port()
+    ctl_redis = start_redis(tmp_path / "ctl-redis", port=port)
+    try:
+        stack = make_stack(pool_stack_config(pool={"leaseTtl": "3s"}))
+        stack.controller_redis_url = ctl_redis.url
+        stack.start_sims()
+        stack.start_controller("c1")
+        router = stack.start_router()
+        await stack.wait_resident("judge")
+        assert (await chat(router.url, "judge")).status_code == 200
+        epoch_before = int((await stack.state_hash())["epoch"])
+        kill(ctl_redis)
+        ctl_redis = await asyncio.to_thread(start_redis, tmp_path / "ctl-redis", port=port)
+        restarted = time.time()
+        async with live_stream(router.url, "judge", max_tokens=40) as stream:
+            state = await stack.state_hash()
+            assert state["resident"] == "judge", state
+            assert int(state["epoch"]) > epoch_before
+            granted = await _lease_epochs(ctl_redis.url, stack.prefix)
+            assert granted, "the stream holds no lease"
+            assert all(e == int(state["epoch"]) for e in granted), (granted, state)
+            result = await stream
+        assert result.clean, result
+        assert await _loads_since(stack, restarted) == [], "the resident was loaded again"
+        swapped = await chat(router.url, "coder")
+        assert swapped.status_code == 200, swapped.text
+        assert swapped.headers["x-hotseat-backend"] == "coder"
+        await stack.assert_invariants()
+        log = "\n".join(p.log_text() for p in stack.controllers.values())
+        assert "pool_state_rebuilt" in log
+    finally:
+        ctl_redis.stop()
+
+
+async def _lease_epochs(url: str, prefix: str) -> list[int]:
+    """The epochs recorded with every lease of the pool."""
+    client: aioredis.Redis = aioredis.from_url(url, decode_responses=True)
+    try:
+        metas = await client.hvals(Keys(prefix).pool_lease_meta("gpu0"))
+    finally:
+        await client.aclose()
+    return [int(orjson.loads(m)["epoch"]) for m in metas]
