@@ -14,6 +14,7 @@ Everything runs on loopback with private servers; nothing is left running.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import statistics
 import subprocess
@@ -44,15 +45,28 @@ LOAD_S, UNLOAD_S = 0.5, 0.1
 
 
 def config(ports: dict[str, int]) -> dict[str, Any]:
-    member = {"loadSeconds": LOAD_S, "unloadSeconds": UNLOAD_S, "memoryGiB": 10,
-              "tokensPerSecond": 100000, "slots": 64}  # fmt: skip
+    member = {
+        "loadSeconds": LOAD_S,
+        "unloadSeconds": UNLOAD_S,
+        "memoryGiB": 10,
+        "tokensPerSecond": 100000,
+        "slots": 64,
+    }
     return {
         "router": {"name": "bench"},
         "backends": [
-            {"name": "a", "address": f"http://127.0.0.1:{ports['a']}", "pool": {"name": "gpu0", "member": "a"}},
-            {"name": "b", "address": f"http://127.0.0.1:{ports['b']}", "pool": {"name": "gpu0", "member": "b"}},
+            {
+                "name": "a",
+                "address": f"http://127.0.0.1:{ports['a']}",
+                "pool": {"name": "gpu0", "member": "a"},
+            },
+            {
+                "name": "b",
+                "address": f"http://127.0.0.1:{ports['b']}",
+                "pool": {"name": "gpu0", "member": "b"},
+            },
             {"name": "direct", "address": f"http://127.0.0.1:{ports['a']}"},
-        ],  # fmt: skip
+        ],
         "pools": [
             {
                 "name": "gpu0",
@@ -64,8 +78,12 @@ def config(ports: dict[str, int]) -> dict[str, Any]:
         ],
         "rules": [
             {"name": "pooled", "match": {"models": ["pooled"]}, "route": {"backends": ["a"]}},
-            {"name": "unpooled", "match": {"models": ["unpooled"]}, "route": {"backends": ["direct"]}},
-        ],  # fmt: skip
+            {
+                "name": "unpooled",
+                "match": {"models": ["unpooled"]},
+                "route": {"backends": ["direct"]},
+            },
+        ],
     }
 
 
@@ -78,14 +96,23 @@ def ms(value: float) -> str:
     return f"{value * 1000:.2f} ms"
 
 
+def summary(samples: list[float]) -> str:
+    return f"p50 {ms(pct(samples, 0.5))}  p99 {ms(pct(samples, 0.99))}  (n={len(samples)})"
+
+
 async def acquire_release(nc: Any, subjects: Subjects, concurrency: int, total: int) -> list[float]:
     samples: list[float] = []
 
     async def worker(count: int) -> None:
         for _ in range(count):
-            request = AcquireRequest(pool="gpu0", member="a", mode=PoolActivation.WAIT,
-                                     request_id=uuid.uuid4().hex, router="bench",
-                                     deadline=time.time() + 30)  # fmt: skip
+            request = AcquireRequest(
+                pool="gpu0",
+                member="a",
+                mode=PoolActivation.WAIT,
+                request_id=uuid.uuid4().hex,
+                router="bench",
+                deadline=time.time() + 30,
+            )
             t0 = time.perf_counter()
             reply = ACQUIRE_REPLY.validate_json(
                 (await nc.request(subjects.acquire, request.to_bytes(), timeout=5)).data
@@ -100,16 +127,27 @@ async def acquire_release(nc: Any, subjects: Subjects, concurrency: int, total: 
 
 
 async def skip_latency(nc: Any, subjects: Subjects, n: int) -> list[float]:
-    hold = AcquireRequest(pool="gpu0", member="a", request_id="holder", router="bench",
-                          deadline=time.time() + 60)  # fmt: skip
-    held = ACQUIRE_REPLY.validate_json((await nc.request(subjects.acquire, hold.to_bytes(), timeout=5)).data)
+    hold = AcquireRequest(
+        pool="gpu0", member="a", request_id="holder", router="bench", deadline=time.time() + 60
+    )
+    held = ACQUIRE_REPLY.validate_json(
+        (await nc.request(subjects.acquire, hold.to_bytes(), timeout=5)).data
+    )
     assert isinstance(held, Granted)
     samples = []
     for _ in range(n):
-        ask = AcquireRequest(pool="gpu0", member="b", mode=PoolActivation.IF_IDLE,
-                             request_id=uuid.uuid4().hex, router="bench", deadline=time.time() + 30)  # fmt: skip
+        ask = AcquireRequest(
+            pool="gpu0",
+            member="b",
+            mode=PoolActivation.IF_IDLE,
+            request_id=uuid.uuid4().hex,
+            router="bench",
+            deadline=time.time() + 30,
+        )
         t0 = time.perf_counter()
-        reply = ACQUIRE_REPLY.validate_json((await nc.request(subjects.acquire, ask.to_bytes(), timeout=5)).data)
+        reply = ACQUIRE_REPLY.validate_json(
+            (await nc.request(subjects.acquire, ask.to_bytes(), timeout=5)).data
+        )
         samples.append(time.perf_counter() - t0)
         assert isinstance(reply, IncumbentBusyReply), reply
     release = ReleaseRequest(pool="gpu0", member="a", lease_id=held.lease_id)
@@ -127,9 +165,16 @@ async def swap_overhead(nc: Any, subjects: Subjects, swaps: int) -> list[float]:
         events = await nc.subscribe(subjects.pool_events("gpu0"))
         t0 = time.perf_counter()
         while True:
-            ask = AcquireRequest(pool="gpu0", member=member, request_id=request_id,
-                                 router="bench", deadline=time.time() + 30)  # fmt: skip
-            reply = ACQUIRE_REPLY.validate_json((await nc.request(subjects.acquire, ask.to_bytes(), timeout=5)).data)
+            ask = AcquireRequest(
+                pool="gpu0",
+                member=member,
+                request_id=request_id,
+                router="bench",
+                deadline=time.time() + 30,
+            )
+            reply = ACQUIRE_REPLY.validate_json(
+                (await nc.request(subjects.acquire, ask.to_bytes(), timeout=5)).data
+            )
             if isinstance(reply, Granted):
                 break
             try:
@@ -145,21 +190,37 @@ async def swap_overhead(nc: Any, subjects: Subjects, swaps: int) -> list[float]:
 
 def wrk(url: str, model: str, connections: int, seconds: int) -> float:
     lua = Path(tempfile.mkdtemp()) / "post.lua"
+    body = json.dumps(
+        {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+    )
     lua.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f'wrk.body = \'{{"model": "{model}", "max_tokens": 1, "messages": [{{"role": "user", "content": "hi"}}]}}\'\n'
+        f"wrk.body = '{body}'\n"
     )
     out = subprocess.run(
-        ["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", "-s", str(lua), url + "/v1/chat/completions"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            "wrk",
+            "-t",
+            "1",
+            "-c",
+            str(connections),
+            "-d",
+            f"{seconds}s",
+            "-s",
+            str(lua),
+            url + "/v1/chat/completions",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for line in out.splitlines():
         if line.startswith("Requests/sec:"):
             return float(line.split()[1])
     raise RuntimeError(out)
 
 
-async def main() -> None:  # noqa: C901, PLR0915 - one linear script
+async def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="hotseat-bench-"))
     group = ProcessGroup()
     try:
@@ -168,14 +229,34 @@ async def main() -> None:  # noqa: C901, PLR0915 - one linear script
         ports = {"a": free_port(), "b": free_port()}
         cfg = work / "hotseat.yaml"
         cfg.write_text(yaml.safe_dump(config(ports)))
-        env = {"HOTSEAT_NATS_URL": nats_proc.url, "HOTSEAT_REDIS_URL": redis_proc.url,
-               "HOTSEAT_SUBJECT_PREFIX": PREFIX, "HOTSEAT_KEY_PREFIX": PREFIX,
-               "HOTSEAT_CONFIG": str(cfg), "HOTSEAT_LOG_LEVEL": "warning"}  # fmt: skip
+        env = {
+            "HOTSEAT_NATS_URL": nats_proc.url,
+            "HOTSEAT_REDIS_URL": redis_proc.url,
+            "HOTSEAT_SUBJECT_PREFIX": PREFIX,
+            "HOTSEAT_KEY_PREFIX": PREFIX,
+            "HOTSEAT_CONFIG": str(cfg),
+            "HOTSEAT_LOG_LEVEL": "warning",
+        }
         for name, port in ports.items():
-            group.add(start_service(f"sim-{name}", "hotseat-sim", ["--backend", name], port=port,
-                                    log_dir=work, env=env, ready_path="/control/state"))  # fmt: skip
-        group.add(start_service("controller", "hotseat-controller", [], port=free_port(), log_dir=work, env=env))
-        router = group.add(start_service("router", "hotseat-router", [], port=free_port(), log_dir=work, env=env))
+            group.add(
+                start_service(
+                    f"sim-{name}",
+                    "hotseat-sim",
+                    ["--backend", name],
+                    port=port,
+                    log_dir=work,
+                    env=env,
+                    ready_path="/control/state",
+                )
+            )
+        group.add(
+            start_service(
+                "controller", "hotseat-controller", [], port=free_port(), log_dir=work, env=env
+            )
+        )
+        router = group.add(
+            start_service("router", "hotseat-router", [], port=free_port(), log_dir=work, env=env)
+        )
         nc = await nats.connect(nats_proc.url)
         subjects = Subjects(PREFIX)
         async with httpx.AsyncClient() as http:
@@ -183,10 +264,22 @@ async def main() -> None:  # noqa: C901, PLR0915 - one linear script
                 await asyncio.sleep(0.1)
         # Wait for the default member to be warm.
         while True:
-            ask = AcquireRequest(pool="gpu0", member="a", request_id="warm", router="bench", deadline=time.time() + 30)
-            reply = ACQUIRE_REPLY.validate_json((await nc.request(subjects.acquire, ask.to_bytes(), timeout=5)).data)
+            ask = AcquireRequest(
+                pool="gpu0",
+                member="a",
+                request_id="warm",
+                router="bench",
+                deadline=time.time() + 30,
+            )
+            reply = ACQUIRE_REPLY.validate_json(
+                (await nc.request(subjects.acquire, ask.to_bytes(), timeout=5)).data
+            )
             if isinstance(reply, Granted):
-                await nc.request(subjects.release, ReleaseRequest(pool="gpu0", member="a", lease_id=reply.lease_id).to_bytes(), timeout=5)
+                await nc.request(
+                    subjects.release,
+                    ReleaseRequest(pool="gpu0", member="a", lease_id=reply.lease_id).to_bytes(),
+                    timeout=5,
+                )
                 break
             await asyncio.sleep(0.1)
 
@@ -195,23 +288,28 @@ async def main() -> None:  # noqa: C901, PLR0915 - one linear script
         for concurrency in () if only_swaps else (1, 8, 64):
             await acquire_release(nc, subjects, concurrency, 64 * 4)  # warm-up
             samples = await acquire_release(nc, subjects, concurrency, 64 * 30)
-            print(f"  {concurrency:>2} concurrent: p50 {ms(pct(samples, 0.5))}  p99 {ms(pct(samples, 0.99))}  (n={len(samples)})")
+            print(f"  {concurrency:>2} concurrent: {summary(samples)}")
 
         print("== IfIdle skip decision (incumbent busy -> incumbent_busy)")
         samples = await skip_latency(nc, subjects, 500)
-        print(f"  p50 {ms(pct(samples, 0.5))}  p99 {ms(pct(samples, 0.99))}  (n={len(samples)})")
+        print(f"  {summary(samples)}")
 
         if shutil.which("wrk"):
-            print("== router throughput, pooled vs unpooled (same sim upstream, wrk, 8 connections, 10 s)")
+            print("== router throughput, pooled vs unpooled (same sim upstream, wrk -c 8, 10 s)")
             unpooled = wrk(router.url, "unpooled", 8, 10)
             pooled = wrk(router.url, "pooled", 8, 10)
-            print(f"  unpooled {unpooled:.0f} req/s  pooled {pooled:.0f} req/s  ratio {pooled / unpooled:.2f}")
+            ratio = pooled / unpooled
+            print(f"  unpooled {unpooled:.0f} req/s  pooled {pooled:.0f} req/s  ratio {ratio:.2f}")
         else:
             print("== router throughput: skipped (wrk not installed: apt-get install wrk)")
 
-        print(f"== swap orchestration overhead (swap time minus unload {UNLOAD_S}s + load {LOAD_S}s)")
+        print(
+            f"== swap orchestration overhead (swap time minus unload {UNLOAD_S}s + load {LOAD_S}s)"
+        )
         samples = await swap_overhead(nc, subjects, 10)
-        print(f"  median {ms(statistics.median(samples))}  max {ms(max(samples))}  (n={len(samples)})")
+        print(
+            f"  median {ms(statistics.median(samples))}  max {ms(max(samples))}  (n={len(samples)})"
+        )
         await nc.close()
     finally:
         group.stop_all()
