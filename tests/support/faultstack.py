@@ -156,3 +156,27 @@ class FaultStack(Stack):
             response.raise_for_status()
             result: dict[str, Any] = response.json()
             return result
+
+
+async def metric_total(url: str, name: str) -> float:
+    """The sum of every sample of ``name`` on ``url``/metrics (0 when absent)."""
+    async with httpx.AsyncClient(timeout=5) as client:
+        text = (await client.get(f"{url}/metrics")).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def audit_publishing(procs: list[Managed]) -> dict[str, float]:
+    """Audit events published (acknowledged by JetStream), still buffered and dropped,
+    summed over ``procs`` (routers and controllers)."""
+    totals = {"published": 0.0, "buffered": 0.0, "dropped": 0.0}
+    for proc in procs:
+        if not proc.alive():
+            continue
+        totals["published"] += await metric_total(proc.url, "hotseat_audit_events_published_total")
+        totals["buffered"] += await metric_total(proc.url, "hotseat_audit_events_buffered")
+        totals["dropped"] += await metric_total(proc.url, "hotseat_audit_events_dropped_total")
+    return totals
