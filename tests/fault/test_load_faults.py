@@ -1,0 +1,128 @@
+"""Fault tests under load: swaps under sustained mixed traffic, and a swap longer than its
+budget hit by a burst larger than the queue (guarantees 13 and 14 of
+docs/reliability.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+from tests.fault.conftest import MakeFaultStack
+from tests.support.clients import StreamResult, chat_body, stream_chat
+from tests.support.procs import rss_bytes
+from tests.support.stack import pool_stack_config
+
+pytestmark = pytest.mark.fault
+
+LOAD_S = 15.0
+WARM_TTFB_S = 0.25
+"""A warm member sends its first token within this; a slower first byte was held."""
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def test_swaps_under_sustained_mixed_load(make_stack: MakeFaultStack) -> None:
+    """Six clients stream judge and coder requests (Wait) for 15 s, so the pool swaps
+    back and forth under load: no stream is ever cut (no mid-stream error on the
+    incumbent), every request is answered 200, requests for the other member are held and
+    then served; the hold times (time to first byte of held requests) are reported."""
+    stack = make_stack(
+        pool_stack_config(
+            pool={"leaseTtl": "3s", "swapBudget": "20s"},
+            judge={"tokensPerSecond": 60, "loadSeconds": 0.4},
+            coder={"tokensPerSecond": 80, "loadSeconds": 0.6},
+        )
+    )
+    stack.start_sims()
+    stack.start_controller("c1")
+    stack.start_router()
+    stack.start_router()
+    await stack.wait_resident("judge")
+    rng = random.Random(13)
+    results: list[tuple[str, StreamResult]] = []
+    stop_at = time.monotonic() + LOAD_S
+
+    async def client(n: int) -> None:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(40)) as http:
+            i = 0
+            while time.monotonic() < stop_at:
+                model = rng.choice(["judge", "coder"])
+                url = stack.routers[(n + i) % 2].url
+                i += 1
+                result = await stream_chat(http, url, model, rng.randint(5, 25))
+                results.append((model, result))
+
+    await asyncio.gather(*(client(n) for n in range(6)))
+    statuses = Counter(r.status for _, r in results)
+    cut = [r for _, r in results if r.status == 200 and not r.clean]
+    assert cut == [], f"streams cut mid-way: {cut[:5]}"
+    assert statuses == Counter({200: len(results)}), statuses
+    assert all(r.backend == model for model, r in results)
+    held = [r.ttfb for _, r in results if r.ttfb is not None and r.ttfb > WARM_TTFB_S]
+    swaps = [e for e in await stack.audit() if e["outcome"] == "swap_completed"]
+    assert len(swaps) >= 3, f"only {len(swaps)} swaps: the load did not exercise swapping"
+    assert held, "no request was ever held"
+    print(
+        f"\nmixed load: {len(results)} streams, {len(swaps)} swaps, {len(held)} held; "
+        f"hold p50 {statistics.median(held):.2f}s p99 {quantile(held, 0.99):.2f}s"
+    )
+    await stack.assert_invariants()
+
+
+async def test_swap_longer_than_budget_with_a_burst_over_the_queue_cap(
+    make_stack: MakeFaultStack,
+) -> None:
+    """A swap (4 s load) longer than the swap budget (1.5 s), hit by 40 concurrent
+    requests with maxWaiters 10, four times: held requests get 503 + Retry-After within
+    the budget plus a small margin, the queue never holds more than its cap (the excess is
+    rejected at once with Retry-After), and the router's memory stays flat."""
+    budget, cap, burst = 1.5, 10, 40
+    stack = make_stack(
+        pool_stack_config(
+            pool={"leaseTtl": "3s", "swapBudget": f"{budget}s", "maxWaiters": cap},
+            judge={"loadSeconds": 4.0},
+            coder={"loadSeconds": 4.0},
+        )
+    )
+    stack.start_sims()
+    stack.start_controller("c1")
+    router = stack.start_router()
+    await stack.wait_resident("judge", timeout=20)
+    target, rss = "coder", []
+    limits = httpx.Limits(max_connections=burst, max_keepalive_connections=burst)
+    http = httpx.AsyncClient(timeout=30, limits=limits)
+    for _ in range(4):
+        answers = await asyncio.gather(*(_timed(http, router.url, target) for _ in range(burst)))
+        rss.append(rss_bytes(router))
+        codes = Counter(code for code, _, _ in answers)
+        assert set(codes) <= {"pool_activation_timeout", "pool_queue_full"}, codes
+        assert all(retry for _, _, retry in answers), "a 503 without Retry-After"
+        assert codes["pool_activation_timeout"] <= cap, codes
+        assert codes["pool_queue_full"] >= burst - cap, codes
+        held = [t for code, t, _ in answers if code == "pool_activation_timeout"]
+        rejected = [t for code, t, _ in answers if code == "pool_queue_full"]
+        assert max(held) <= budget + 1.0, f"held too long: {max(held):.2f}s"
+        assert max(rejected) <= 1.0, f"queue-full answers were slow: {max(rejected):.2f}s"
+        await stack.wait_resident(target, timeout=20)
+        target = "judge" if target == "coder" else "coder"
+    await http.aclose()
+    growth = rss[-1] - rss[0]
+    assert growth < 8 * 2**20, f"router memory grew {growth / 2**20:.1f} MiB: {rss}"
+    await stack.assert_invariants()
+
+
+async def _timed(http: httpx.AsyncClient, url: str, model: str) -> tuple[str, float, str | None]:
+    started = time.monotonic()
+    response = await http.post(f"{url}/v1/chat/completions", json=chat_body(model))
+    elapsed = time.monotonic() - started
+    assert response.status_code == 503, response.text
+    return response.json()["error"]["code"], elapsed, response.headers.get("retry-after")
