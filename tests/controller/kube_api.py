@@ -75,6 +75,7 @@ class Workload:
     labels: dict[str, str]
     port: int | None
     uid: int
+    generation: int = 1
     available: int = 0
     conditions: list[dict[str, str]] = field(default_factory=list)
     resource_version: int = 0
@@ -90,7 +91,7 @@ class Workload:
                 "name": self.name,
                 "namespace": self.namespace,
                 "resourceVersion": str(self.resource_version),
-                "generation": 1,
+                "generation": self.generation,
             },
             "spec": {
                 "replicas": self.replicas,
@@ -101,6 +102,7 @@ class Workload:
                 },
             },
             "status": {
+                "observedGeneration": self.generation,
                 "replicas": self.available,
                 "availableReplicas": self.available,
                 "readyReplicas": self.available,
@@ -370,6 +372,10 @@ class KubeApi:
         self.timeline.append(Moment(time.monotonic(), "scale", found.name, replicas))
         if replicas != found.replicas:
             found.replicas = replicas
+            found.generation += 1  # a spec change; this controller observes it at once
+            found.conditions = [
+                {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}
+            ]
             found.resource_version = next(self._version)
             self._spawn(self._reconcile(found))
         return _json(found.scale())

@@ -143,6 +143,36 @@ async def test_load_fails_fast_when_the_rollout_is_stuck(api: KubeApi, driver: K
         await driver.load("a", epoch=1)
 
 
+async def test_a_stale_rollout_failure_does_not_fail_a_new_scale_up(
+    api: KubeApi, driver: KubernetesDriver
+):
+    """A failure condition from an earlier rollout, still shown while the Deployment
+    controller has not observed this scale-up (observedGeneration behind generation), is
+    not taken as this load's failure."""
+    workload = api.add_workload("a", replicas=0)
+    stale = [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+         "message": "an earlier rollout timed out"}
+    ]  # fmt: skip
+    workload.conditions = stale
+    observed: list[bool] = []
+    original = workload.body
+
+    def lagging() -> dict[str, Any]:
+        body = original()
+        caught_up = len(observed) >= 3 or workload.available == 1
+        observed.append(caught_up)
+        if not caught_up:
+            body["status"]["observedGeneration"] = workload.generation - 1
+            body["status"]["conditions"] = stale
+        return body
+
+    workload.body = lagging  # type: ignore[method-assign]
+    await driver.load("a", epoch=2)
+    assert workload.available == 1
+    assert observed[:2] == [False, False]  # the stale failure was seen, and ignored
+
+
 async def test_missing_workload_is_a_driver_error_naming_it(api: KubeApi, driver: KubernetesDriver):
     """A 404 from the API becomes a DriverError that names the workload and the reason."""
     with pytest.raises(DriverError, match=r'deployment llm/a: HTTP 404 NotFound: .*"a" not found'):

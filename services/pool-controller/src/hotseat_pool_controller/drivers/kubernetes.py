@@ -132,9 +132,9 @@ class KubernetesDriver:
                 log.info("kubernetes_scaled", pool=self._pool, member=member,
                          workload=spec.label, replicas=1, epoch=epoch)  # fmt: skip
             while not _available(workload):
-                _raise_if_failed(spec, workload)
                 await asyncio.sleep(self.poll_interval_s)
                 workload = await self._workload(spec)
+                _raise_if_failed(spec, workload)
 
     async def unload(self, member: str, *, epoch: int) -> None:
         spec = self._spec(member)
@@ -325,8 +325,14 @@ def _available(workload: Workload) -> bool:
 
 
 def _raise_if_failed(spec: _Spec, workload: Workload) -> None:
-    """A Deployment that reports its rollout stuck will not become available."""
+    """A Deployment that reports its rollout stuck will not become available. Only a
+    status the Deployment controller wrote after seeing the current spec counts (an old
+    failure from before this scale-up says nothing about it)."""
     if not isinstance(workload, Deployment) or workload.status is None:
+        return
+    generation = workload.metadata.generation if workload.metadata is not None else None
+    observed = workload.status.observedGeneration
+    if generation is None or observed is None or observed < generation:
         return
     for condition in workload.status.conditions or ():
         stuck = (
