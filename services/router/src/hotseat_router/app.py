@@ -39,7 +39,7 @@ from hotseat_router.asgi import Message, Receive, Scope, Send
 from hotseat_router.audit import RequestAudit
 from hotseat_router.auth import ApiKeyCheck, load_api_keys
 from hotseat_router.dispatch import Dispatcher
-from hotseat_router.errors import Unauthorized, error_answer
+from hotseat_router.errors import Unauthorized, error_answer, error_body
 from hotseat_router.headers import REQUEST_ID_B, valid_request_id
 from hotseat_router.health import PassiveHealth
 from hotseat_router.matching import Matcher
@@ -218,6 +218,26 @@ def create_app(
                 body, status_code=status, headers={k.decode(): v.decode() for k, v in headers}
             )
         return Response(models, media_type="application/json")
+
+    @app.api_route(
+        "/v1/{path:path}",
+        methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
+        include_in_schema=False,
+    )
+    async def unknown_v1(request: Request) -> Response:
+        """Any other /v1 path or method: 401 without a valid key (an unauthenticated
+        client learns nothing about which paths exist), else an OpenAI-shaped 404."""
+        if not auth.allows(_header(request, b"authorization")):
+            status, headers, body = error_answer(Unauthorized("missing or invalid API key"))
+            return Response(
+                body, status_code=status, headers={k.decode(): v.decode() for k, v in headers}
+            )
+        message = f"Invalid URL ({request.method} {request.url.path})"
+        return Response(
+            error_body(message, "invalid_request_error", "unknown_url"),
+            status_code=404,
+            media_type="application/json",
+        )
 
     return app
 
