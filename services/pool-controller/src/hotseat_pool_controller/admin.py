@@ -29,7 +29,8 @@ class ActionResult(BaseModel):
 
 
 def _authorize(token: SecretStr | None, authorization: str | None) -> None:
-    if token is None:
+    if token is None or not token.get_secret_value().strip():
+        # An empty token would make "Bearer " an admin credential: it disables instead.
         raise HTTPException(403, "admin actions are disabled: set HOTSEAT_ADMIN_TOKEN")
     expected = f"Bearer {token.get_secret_value()}".encode()
     if authorization is None or not hmac.compare_digest(authorization.encode(), expected):
