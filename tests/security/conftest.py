@@ -1,0 +1,81 @@
+"""Security fixtures: a router process with client API keys in front of a header-echoing
+upstream, and the secrets the tests then look for in every log."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hotseat.launcher import Managed, free_port, start_service
+from tests.router.upstreams import FakeUpstream
+
+CLIENT_KEY = "sk-client-7f3a9c1e5b2d4f60"
+OTHER_KEY = "sk-client-second-0c9e8d7a"
+UPSTREAM_KEY = "sk-upstream-cloud-91b7e2d4"
+ADMIN_TOKEN = "admin-token-4e1f8a2b6c9d"
+MAX_BODY = 4096
+
+
+@dataclass
+class SecureRouter:
+    router: Managed
+    echo: FakeUpstream
+    cloud: FakeUpstream
+    workdir: Path
+
+    @property
+    def url(self) -> str:
+        return self.router.url
+
+
+def router_config(echo: FakeUpstream, cloud: FakeUpstream) -> dict[str, object]:
+    return {
+        "router": {"name": "secure", "maxBodyBytes": MAX_BODY},
+        "backends": [
+            {"name": "echo", "address": echo.url},
+            {
+                "name": "cloud",
+                "address": cloud.url,
+                "tier": "cloud",
+                "credentialsEnv": "HOTSEAT_TEST_CLOUD_KEY",
+            },
+        ],
+        "rules": [
+            {"name": "m", "match": {"models": ["m"]}, "route": {"backends": ["echo"]}},
+            {"name": "c", "match": {"models": ["c"]}, "route": {"backends": ["cloud"]}},
+        ],
+        "defaultRoute": "echo",
+    }
+
+
+@pytest.fixture
+async def secure_router(
+    tmp_path: Path, prefix: str, nats_server: Managed
+) -> AsyncIterator[SecureRouter]:
+    echo, cloud = FakeUpstream("echo", mode="echo"), FakeUpstream("cloud", mode="echo")
+    await echo.start()
+    await cloud.start()
+    config = tmp_path / "hotseat.yaml"
+    config.write_text(yaml.safe_dump(router_config(echo, cloud)))
+    env = {
+        "HOTSEAT_CONFIG": str(config),
+        "HOTSEAT_NATS_URL": nats_server.url,
+        "HOTSEAT_SUBJECT_PREFIX": prefix,
+        "HOTSEAT_AUDIT_STREAM": f"AUDIT_{prefix}",
+        "HOTSEAT_API_KEYS": f"{CLIENT_KEY},{OTHER_KEY}",
+        "HOTSEAT_TEST_CLOUD_KEY": UPSTREAM_KEY,
+        "HOTSEAT_LOG_LEVEL": "debug",
+    }
+    router = start_service(
+        "router", "hotseat-router", [], port=free_port(), log_dir=tmp_path, env=env
+    )
+    try:
+        yield SecureRouter(router, echo, cloud, tmp_path)
+    finally:
+        router.stop(5)
+        await echo.stop()
+        await cloud.stop()
