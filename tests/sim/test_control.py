@@ -174,3 +174,17 @@ async def test_crash_fails_the_member_and_frees_its_memory(
     cleared = await sim.unload()
     assert (cleared.status_code, cleared.json()) == (200, {"state": "unloaded"})
     assert (await sim.state())["error"] is None
+
+
+async def test_state_long_poll_waits_for_the_wanted_state(start_sim: StartSim, config) -> None:
+    """``GET /control/state?until=ready`` answers once the load finishes, not before; with
+    a short timeout it answers the current state."""
+    sim = await start_sim(config, "a")
+    await sim.load(epoch=1)
+    short = await sim.http.get("/control/state", params={"until": "ready", "timeout": 0.01})
+    assert short.json()["state"] == "loading"
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    ready = await sim.http.get("/control/state", params={"until": "ready,failed", "timeout": 10})
+    assert ready.json()["state"] == "ready"
+    assert loop.time() - started < 5  # answered by the transition, not the timeout

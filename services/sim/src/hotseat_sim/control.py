@@ -7,7 +7,8 @@
 - ``POST /control/unload`` ``{"epoch": n}``: 202 ``{"state": "unloading"}``, in-flight
   requests are dropped, the memory is released after ``unloadSeconds`` (state
   ``unloaded``); 200 with the current state when already unloading, unloaded or failed.
-- ``GET /control/state``: ``{"state", "pool", "member", "error", "in_flight", "epoch"}``.
+- ``GET /control/state``: ``{"state", "pool", "member", "error", "in_flight", "epoch"}``;
+  ``?until=ready,failed&timeout=10`` waits (long poll) until the state is one of those.
 - ``POST /control/crash`` ``{"reason": "..."}``: die out of band (fault tests).
 
 ``epoch`` may be omitted; one lower than the highest this sim has seen gets 409.
@@ -78,8 +79,16 @@ async def unload(request: Request, sim: Sim) -> Response:
         return _stale(sim, exc)
 
 
+MAX_WAIT_S = 30.0
+
+
 @router.get("/state", response_model=None)
-async def state(sim: Sim) -> Response:
+async def state(sim: Sim, until: str | None = None, timeout: float = 10.0) -> Response:
+    """The current state; with ``until=ready,failed`` it first waits (long poll, at most
+    ``timeout`` seconds, capped at 30) until the state is one of those."""
+    if until:
+        wanted = frozenset(s.strip() for s in until.split(",") if s.strip())
+        await sim.model.wait_for(wanted, min(max(timeout, 0.0), MAX_WAIT_S))
     return JSONBody(sim.model.snapshot())
 
 

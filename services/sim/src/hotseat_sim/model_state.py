@@ -97,12 +97,38 @@ class ModelState:
     def __init__(self, profile: SimProfile, ledger: Ledger | None) -> None:
         self.profile = profile
         self.ledger = ledger
-        self.phase = Phase.UNLOADED
+        self._phase = Phase.UNLOADED
+        self._changed = asyncio.Event()
         self.error: str | None = None
         self.epoch: int | None = None
         self._lock = asyncio.Lock()
         self._transition: asyncio.Task[None] | None = None
         self._tickets: set[Ticket] = set()
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: Phase) -> None:
+        self._phase = value
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_for(self, states: frozenset[str], timeout: float) -> None:
+        """Return once the phase is one of ``states`` or ``timeout`` seconds passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._phase.value not in states:
+            changed = self._changed
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            try:
+                async with asyncio.timeout(left):
+                    await changed.wait()
+            except TimeoutError:
+                return
 
     @property
     def in_flight(self) -> int:

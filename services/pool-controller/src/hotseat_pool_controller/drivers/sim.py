@@ -9,7 +9,7 @@ import httpx
 from hotseat_common.config.model import HotseatConfig, Pool
 from hotseat_pool_controller.drivers.base import DriverError
 
-POLL_INTERVAL_S = 0.02
+LONG_POLL_S = 10.0
 HTTP_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 CONNECT_GRACE_S = 10.0
 CONNECT_RETRY_S = 0.2
@@ -50,9 +50,17 @@ class SimDriver:
             raise DriverError(f"{action} {member}: HTTP {response.status_code} {response.text}")
 
     async def _wait_for(self, member: str, wanted: str, *, failed_ok: bool) -> None:
+        """Long-poll the sim's state until it is ``wanted`` (no fixed polling interval)."""
+        until = f"{wanted},failed"
         while True:
             try:
-                state = await self._state(member)
+                response = await self._client.get(
+                    self._url(member, "/control/state"),
+                    params={"until": until, "timeout": LONG_POLL_S},
+                    timeout=httpx.Timeout(LONG_POLL_S + 5, connect=2.0),
+                )
+                response.raise_for_status()
+                state = response.json()
             except httpx.HTTPError as exc:
                 raise DriverError(f"{member}: state unavailable: {exc}") from exc
             current = state.get("state")
@@ -60,7 +68,6 @@ class SimDriver:
                 return
             if current == "failed":
                 raise DriverError(f"{member}: load failed: {state.get('error')}")
-            await asyncio.sleep(POLL_INTERVAL_S)
 
     async def load(self, member: str, *, epoch: int) -> None:
         # A server that is restarting (crashed, rescheduled) is given a moment to listen.
