@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 import nats
+import psutil
 import yaml
 
 from hotseat.launcher import ProcessGroup, free_port, start_nats, start_redis, start_service
@@ -249,7 +250,7 @@ async def main() -> None:
                     ready_path="/control/state",
                 )
             )
-        group.add(
+        controller = group.add(
             start_service(
                 "controller", "hotseat-controller", [], port=free_port(), log_dir=work, env=env
             )
@@ -285,10 +286,18 @@ async def main() -> None:
 
         only_swaps = "--swaps-only" in sys.argv
         print("== acquire+release round trip (grant to the resident, then release)")
+        controller_cpu = psutil.Process(controller.pid)
         for concurrency in () if only_swaps else (1, 8, 64):
             await acquire_release(nc, subjects, concurrency, 64 * 4)  # warm-up
+            cpu_before = sum(controller_cpu.cpu_times()[:2])
+            wall = time.perf_counter()
             samples = await acquire_release(nc, subjects, concurrency, 64 * 30)
-            print(f"  {concurrency:>2} concurrent: {summary(samples)}")
+            wall = time.perf_counter() - wall
+            cpu = (sum(controller_cpu.cpu_times()[:2]) - cpu_before) / len(samples)
+            print(
+                f"  {concurrency:>2} concurrent: {summary(samples)}  "
+                f"{len(samples) / wall:.0f} pairs/s  controller CPU {ms(cpu)}/pair"
+            )
 
         print("== IfIdle skip decision (incumbent busy -> incumbent_busy)")
         samples = await skip_latency(nc, subjects, 500)
