@@ -1,0 +1,164 @@
+"""The ``process`` driver against real ``llama-server`` processes serving generated models."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from hotseat_common.config.model import HotseatConfig
+from hotseat_pool_controller.drivers import DriverError, build_driver
+from hotseat_pool_controller.drivers.process import ProcessDriver
+from tests.realserver.conftest import Llama
+from tests.realserver.support import (
+    alive,
+    chat,
+    llama_config,
+    pid_of,
+    port_of,
+    port_open,
+    slots_busy,
+    streaming,
+)
+
+pytestmark = pytest.mark.realserver
+
+MakeDriver = Callable[..., tuple[ProcessDriver, dict[str, Any]]]
+
+
+@pytest.fixture
+async def make_driver(llama: Llama, tmp_path: Path, member_pids: None) -> AsyncIterator[MakeDriver]:
+    made: list[ProcessDriver] = []
+
+    def make(**options: Any) -> tuple[ProcessDriver, dict[str, Any]]:
+        document = llama_config(llama, tmp_path / "members", **options)
+        config = HotseatConfig.model_validate(document)
+        pool = config.pool("cpu0")
+        assert pool is not None
+        driver = build_driver(config, pool)
+        assert isinstance(driver, ProcessDriver)
+        made.append(driver)
+        return driver, document
+
+    yield make
+    for driver in made:
+        await driver.aclose()
+
+
+def url(document: dict[str, Any], member: str) -> str:
+    return f"http://127.0.0.1:{port_of(document, member)}"
+
+
+async def test_load_serves_chat_slots_and_metrics_then_unload_frees_everything(
+    make_driver, tmp_path
+):
+    """load returns with llama-server ready (health 200, idle /slots, llamacpp:* metrics, a
+    chat answer); its output is in the member's log; unload leaves no process, no port."""
+    driver, document = make_driver()
+    data = tmp_path / "members"
+    started = time.monotonic()
+    await driver.load("large", epoch=1)
+    load_s = time.monotonic() - started
+    base = url(document, "large")
+    async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
+        assert (await client.get(f"{base}/health")).status_code == 200
+        metrics = (await client.get(f"{base}/metrics")).text
+    assert "llamacpp:prompt_tokens_total" in metrics
+    assert await driver.is_idle("large")
+    answer = await chat(base, "large", max_tokens=8)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == 8
+    log_text = (data / "cpu0" / "large.log").read_text(errors="replace")
+    assert "--- hotseat: starting large (epoch 1)" in log_text
+    assert "tiny-large" in log_text  # llama-server's own output reached the log
+    pid = pid_of(data, "large")
+    assert pid is not None
+    assert alive(pid)
+    await driver.unload("large", epoch=2)
+    assert not alive(pid)
+    assert not port_open(port_of(document, "large"))
+    assert pid_of(data, "large") is None
+    assert await driver.residency() == {"small": False, "large": False}
+    assert load_s < 30
+
+
+async def test_is_idle_follows_the_real_slots(make_driver):
+    """is_idle is false while a real slot generates, true once the stream has ended."""
+    driver, document = make_driver()
+    await driver.load("large", epoch=1)
+    async with streaming(url(document, "large"), "large", max_tokens=400) as stream:
+        assert await slots_busy(port_of(document, "large"))
+        assert not await driver.is_idle("large")
+        result = await stream.task
+    assert result.finished, result
+    assert await driver.is_idle("large")
+
+
+async def test_idle_member_stops_on_sigterm_alone(make_driver):
+    """An idle llama-server exits on SIGTERM: unload takes far less than the grace period."""
+    driver, _ = make_driver(grace="10s")
+    await driver.load("small", epoch=1)
+    run = driver._running["small"]
+    started = time.monotonic()
+    await driver.unload("small", epoch=2)
+    assert time.monotonic() - started < 5
+    assert run.exit_code() != -signal.SIGKILL
+
+
+async def test_member_serving_a_stream_hangs_on_sigterm_and_is_killed_after_the_grace(
+    make_driver,
+):
+    """llama-server ignores SIGTERM while a request is in flight: unload SIGKILLs it after
+    stopGracePeriod, returns with process and port gone, and the stream is cut."""
+    driver, document = make_driver(grace="1.5s")
+    await driver.load("large", epoch=1)
+    run = driver._running["large"]
+    async with streaming(url(document, "large"), "large", max_tokens=3000) as stream:
+        started = time.monotonic()
+        await driver.unload("large", epoch=2)
+        elapsed = time.monotonic() - started
+        result = await stream.task
+    assert run.exit_code() == -signal.SIGKILL, "SIGTERM alone ended a busy llama-server"
+    assert 1.5 <= elapsed < 1.5 + 4, elapsed
+    assert not alive(run.pid)
+    assert not port_open(port_of(document, "large"))
+    assert not result.finished, result
+
+
+async def test_member_killed_out_of_band_reads_not_ready_and_reloads(make_driver, tmp_path):
+    """A llama-server SIGKILLed behind the driver's back reads not ready and not resident;
+    the next load starts a fresh process that serves."""
+    driver, document = make_driver()
+    await driver.load("small", epoch=1)
+    old = driver._running["small"].pid
+    os.kill(old, signal.SIGKILL)
+    await driver._running["small"].wait_exit(5)
+    assert not await driver.is_ready("small")
+    assert await driver.residency() == {"small": False, "large": False}
+    with pytest.raises(DriverError):
+        await driver.is_idle("small")
+    await driver.load("small", epoch=2)
+    new = pid_of(tmp_path / "members", "small")
+    assert new is not None
+    assert new != old
+    assert (await chat(url(document, "small"), "small")).status_code == 200
+
+
+async def test_missing_model_fails_the_load_with_the_servers_own_words(make_driver, tmp_path):
+    """A model path that does not exist fails the load at once with llama-server's exit code
+    and the log lines naming the file; no process is left."""
+    missing = str(tmp_path / "no-such-model.gguf")
+    driver, document = make_driver(model_paths={"small": missing})
+    started = time.monotonic()
+    with pytest.raises(DriverError, match="exited before ready") as failure:
+        await driver.load("small", epoch=1)
+    assert time.monotonic() - started < 10
+    assert "no-such-model.gguf" in str(failure.value)
+    assert await driver.residency() == {"small": False, "large": False}
+    assert not port_open(port_of(document, "small"))
