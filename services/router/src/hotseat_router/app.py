@@ -43,6 +43,7 @@ from hotseat_router.errors import Unauthorized, error_answer, error_body
 from hotseat_router.headers import REQUEST_ID_B, valid_request_id
 from hotseat_router.health import PassiveHealth
 from hotseat_router.matching import Matcher
+from hotseat_router.openapi import router_openapi
 from hotseat_router.proxy import PROXY_PATHS, ProxyEndpoint
 from hotseat_router.settings import RouterSettings
 from hotseat_router.streaming import Relay
@@ -206,8 +207,9 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
     )
+    _serve_openapi(app, router_openapi(api_keys=auth.enabled))
     app.include_router(ops_router(readiness, registry))
 
     @app.get("/v1/models")
@@ -219,6 +221,25 @@ def create_app(
             )
         return Response(models, media_type="application/json")
 
+    _mount_unknown_v1(app, auth)
+
+    return app
+
+
+def _serve_openapi(app: RouterApp, document: dict[str, Any]) -> None:
+    """``/openapi.json`` is the hand-written document (the proxy paths are raw ASGI)."""
+
+    def openapi() -> dict[str, Any]:
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+_METHODS = {**dict.fromkeys(PROXY_PATHS, "POST"), "/v1/models": "GET, HEAD"}
+"""The methods each known /v1 path answers (any other method gets 405)."""
+
+
+def _mount_unknown_v1(app: RouterApp, auth: ApiKeyCheck) -> None:
     @app.api_route(
         "/v1/{path:path}",
         methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
@@ -226,20 +247,33 @@ def create_app(
     )
     async def unknown_v1(request: Request) -> Response:
         """Any other /v1 path or method: 401 without a valid key (an unauthenticated
-        client learns nothing about which paths exist), else an OpenAI-shaped 404."""
+        client learns nothing about which paths exist), else an OpenAI-shaped 405 (a
+        known path) or 404."""
         if not auth.allows(_header(request, b"authorization")):
             status, headers, body = error_answer(Unauthorized("missing or invalid API key"))
             return Response(
                 body, status_code=status, headers={k.decode(): v.decode() for k, v in headers}
             )
-        message = f"Invalid URL ({request.method} {request.url.path})"
+        path = request.url.path
+        allowed = _METHODS.get(path)
+        if allowed is not None:
+            return Response(
+                error_body(
+                    f"Method {request.method} not allowed on {path}",
+                    "invalid_request_error",
+                    "method_not_allowed",
+                ),
+                status_code=405,
+                headers={"allow": allowed},
+                media_type="application/json",
+            )
         return Response(
-            error_body(message, "invalid_request_error", "unknown_url"),
+            error_body(
+                f"Invalid URL ({request.method} {path})", "invalid_request_error", "unknown_url"
+            ),
             status_code=404,
             media_type="application/json",
         )
-
-    return app
 
 
 def _header(request: Request, name: bytes) -> bytes | None:
