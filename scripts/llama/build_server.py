@@ -39,7 +39,7 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_NATIVE=OFF",  # portable: the cache may be reused on another CPU of the same arch
+    "-DGGML_NATIVE=OFF",  # no -march=native: ggml's baseline for the arch (AVX2 on x86-64)
     "-DBUILD_SHARED_LIBS=OFF",  # one self-contained binary
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
@@ -202,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.print:
         print(binary_path(args.version))
         return 0
-    print(ensure(args.version, jobs=args.jobs, force=args.force))
+    try:
+        print(ensure(args.version, jobs=args.jobs, force=args.force))
+    except subprocess.CalledProcessError as exc:
+        _say(f"failed: {' '.join(map(str, exc.cmd))} exited with {exc.returncode}")
+        return 1
     return 0
 
 

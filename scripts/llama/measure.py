@@ -6,7 +6,8 @@ driver the pool controller uses, on free loopback ports, and prints a Markdown t
 - load: ``driver.load`` from nothing to ``/health`` 200 (process start, model load);
 - unload: ``driver.unload`` of an idle member until its process and port are gone;
 - swap: unload one member and load the other (what a controller swap spends in the driver);
-- generation: tokens per second of one request, as the server itself reports it.
+- generation: tokens per second of one request on one thread (``-t 1``, as in the
+  tests), as the server itself reports it.
 
 Usage::
 
@@ -32,6 +33,7 @@ import prepare
 
 from hotseat.launcher import free_port
 from hotseat_common.config.model import HotseatConfig
+from hotseat_common.logging import configure_logging
 from hotseat_pool_controller.drivers.process import ProcessDriver
 
 MEMBERS = {"small": "tiny-small", "large": "tiny-large"}
@@ -52,7 +54,7 @@ def _config(server: Path, models: dict[str, Path], data_dir: Path) -> HotseatCon
                 {"name": name, "process": {"command": [
                     str(server), "-m", str(models[model]), "--alias", model,
                     "--host", "127.0.0.1", "--port", str(ports[name]),
-                    "-c", "4096", "-np", "2", "--metrics",
+                    "-c", "4096", "-np", "2", "-t", "1", "--metrics",
                 ]}}
                 for name, model in MEMBERS.items()
             ],
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
+    configure_logging("measure", level="warning", fmt="console")
     print(asyncio.run(measure(args.rounds)))
     return 0
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--jobs", "-j", type=int, default=None, help="build jobs (default: cores)")
     args = parser.parse_args(argv)
-    server = build_server.ensure(jobs=args.jobs)
+    try:
+        server = build_server.ensure(jobs=args.jobs)
+    except subprocess.CalledProcessError as exc:
+        print(f"[llama-server] failed: {' '.join(map(str, exc.cmd))} exited with "
+              f"{exc.returncode}", file=sys.stderr)  # fmt: skip
+        return 1
     models = ensure_models()
     info_path = build_server.server_dir() / "build-info.json"
     info = json.loads(info_path.read_text()) if info_path.is_file() else {}

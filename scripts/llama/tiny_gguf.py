@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,7 +210,7 @@ def write_model(spec: ModelSpec, path: Path) -> Path:
     def weights(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
 
-    partial = path.with_suffix(".gguf.partial")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")  # one per writer
     writer = gguf.GGUFWriter(str(partial), "llama")
     writer.add_name(spec.name)
     writer.add_context_length(spec.context)

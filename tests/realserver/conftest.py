@@ -66,7 +66,8 @@ def _prepare(config: pytest.Config) -> Llama | str:
                 timeout=PREPARE_TIMEOUT_S,
                 check=False,
             )
-            print(f"[realserver] ready in {time.monotonic() - began:.1f}s", flush=True)
+            outcome = "ready" if done.returncode == 0 else "FAILED"
+            print(f"[realserver] {outcome} after {time.monotonic() - began:.1f}s", flush=True)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{PREPARE} did not run: {exc}"
     if done.returncode != 0:

@@ -162,3 +162,20 @@ async def test_missing_model_fails_the_load_with_the_servers_own_words(make_driv
     assert "no-such-model.gguf" in str(failure.value)
     assert await driver.residency() == {"small": False, "large": False}
     assert not port_open(port_of(document, "small"))
+
+
+async def test_generated_vocabulary_round_trips_newlines_and_any_utf8(make_driver):
+    """The generated SentencePiece vocabulary spells a newline and non-ASCII text through its
+    byte tokens: llama-server tokenizes and detokenizes them back unchanged."""
+    driver, document = make_driver()
+    await driver.load("small", epoch=1)
+    text = "hello world\nswap the hot seat: é ü 漢字 🙂"
+    async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
+        tokens = (
+            await client.post(f"{url(document, 'small')}/tokenize", json={"content": text})
+        ).json()["tokens"]
+        back = (
+            await client.post(f"{url(document, 'small')}/detokenize", json={"tokens": tokens})
+        ).json()["content"]
+    assert 0x0A + 3 in tokens  # <0x0A>: byte tokens follow <unk>, <s>, </s>
+    assert back.strip() == text
