@@ -14,7 +14,7 @@ from typing import Annotated, Any, cast
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
 
 from hotseat_audit.query import (
     KINDS,
@@ -86,6 +86,47 @@ def get_store(request: Request) -> AuditStore:
 
 StoreDep = Annotated[AuditStore, Depends(get_store)]
 Values = Annotated[list[str] | None, Query()]
+
+
+def _enum_items(allowed: frozenset[str]) -> dict[str, Any]:
+    """Documents a repeatable filter's allowed values as an enum."""
+    return {"items": {"type": "string", "enum": sorted(allowed)}}
+
+
+Outcomes = Annotated[list[str] | None, Query(json_schema_extra=_enum_items(OUTCOMES))]
+Kinds = Annotated[list[str] | None, Query(json_schema_extra=_enum_items(KINDS))]
+MAX_UNIX_S = 253402300799
+"""9999-12-31T23:59:59Z, the last second a date-time can name."""
+
+
+def _unix_seconds(value: object) -> object:
+    """A number is Unix time in seconds (never milliseconds); anything else goes on to be
+    parsed as an RFC 3339 date-time."""
+    if not isinstance(value, str):
+        return value
+    try:
+        seconds = float(value)
+    except ValueError:
+        return value
+    if not 0 <= seconds <= MAX_UNIX_S:
+        raise ValueError(f"Unix time must be between 0 and {MAX_UNIX_S} seconds")
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+Time = Annotated[
+    datetime | None,
+    BeforeValidator(_unix_seconds),
+    Query(
+        description="RFC 3339 date-time, or Unix time in seconds",
+        json_schema_extra={
+            "anyOf": [
+                {"type": "string", "format": "date-time"},
+                {"type": "number", "minimum": 0, "maximum": MAX_UNIX_S},
+                {"type": "null"},
+            ]
+        },
+    ),
+]
 
 
 class EventsPage(BaseModel):
@@ -170,18 +211,21 @@ def _check_choices(name: str, values: list[str] | None, allowed: frozenset[str])
 def build_router() -> APIRouter:
     api = APIRouter(prefix="/v1")
 
-    @api.get("/events")
+    @api.get(
+        "/events",
+        responses={400: {"description": "The cursor is not the `next` of a page of this query"}},
+    )
     async def list_events(  # noqa: PLR0917 - one parameter per documented filter
         store: StoreDep,
-        outcome: Values = None,
-        kind: Values = None,
+        outcome: Outcomes = None,
+        kind: Kinds = None,
         pool: Values = None,
         member: Values = None,
         router: Values = None,
         rule: Values = None,
         request_id: Values = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
+        since: Time = None,
+        until: Time = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
         cursor: str | None = None,
     ) -> EventsPage:
@@ -202,7 +246,7 @@ def build_router() -> APIRouter:
             until=until_utc,
         )
         after = None
-        if cursor is not None:
+        if cursor:  # an empty cursor is the first page
             try:
                 after = Cursor.decode(cursor, filters)
             except InvalidCursor as exc:
@@ -216,9 +260,7 @@ def build_router() -> APIRouter:
         )
 
     @api.get("/summary")
-    async def summary(
-        store: StoreDep, since: datetime | None = None, until: datetime | None = None
-    ) -> SummaryBody:
+    async def summary(store: StoreDep, since: Time = None, until: Time = None) -> SummaryBody:
         """Counts by outcome, kind and pool/member for ``since <= time < until`` (default:
         the last 24 hours)."""
         since_utc, until_utc = _window(since, until)
