@@ -1,6 +1,6 @@
 """The documentation site builds with mkdocs in strict mode, and strict mode really fails
-on a broken link, a missing anchor and a page left out of the navigation; the config
-examples on the deploy pages are valid configs."""
+on a broken link or a missing anchor (a page left out of the navigation is only reported);
+the config examples on the deploy pages are valid configs."""
 
 from __future__ import annotations
 
@@ -61,12 +61,13 @@ def test_a_broken_link_fails_the_build(site: Path, page: str, old: str, new: str
     assert complaint in done.stderr
 
 
-def test_a_page_missing_from_the_navigation_fails_the_build(site: Path):
-    """Every page must be reachable from the navigation."""
-    (site / "docs" / "orphan.md").write_text("# Orphan\n")
+def test_a_page_missing_from_the_navigation_still_builds(site: Path):
+    """A new page not yet in the nav is reported, never a reason for a failed build."""
+    (site / "docs" / "orphan.md").write_text("# Orphan\n\n[Home](index.md)\n")
     done = build(site)
-    assert done.returncode != 0
+    assert done.returncode == 0, done.stderr
     assert "orphan.md" in done.stderr
+    assert (site / "site" / "orphan" / "index.html").is_file()
 
 
 HOTSEAT_BLOCK = re.compile(
