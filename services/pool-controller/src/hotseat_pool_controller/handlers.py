@@ -32,6 +32,7 @@ from hotseat_common.messages import (
 )
 from hotseat_common.subjects import CONTROLLER_QUEUE_GROUP, Subjects
 from hotseat_pool_controller.pools import PoolRuntime
+from hotseat_pool_controller.store import ConflictError
 from hotseat_pool_controller.store_health import StoreHealth
 
 log = get_logger(__name__)
@@ -103,6 +104,21 @@ class ActivationHandlers:
             except ValidationError as exc:
                 reply = ErrorReply(code="bad_request", message=_short(exc))
                 headers = {"Nats-Service-Error": reply.message, "Nats-Service-Error-Code": "400"}
+            except ConflictError as exc:
+                # Every attempt lost a race: answer like an unavailable store (fail closed,
+                # the router retries after Retry-After) instead of leaving it to time out.
+                log.warning("decision_contended", subject=msg.subject, error=str(exc))
+                reply = ErrorReply(
+                    code="controller_unavailable",
+                    message="pool state contended; retry shortly",
+                    retry_after_s=UNAVAILABLE_RETRY_AFTER_S,
+                )
+                if msg.subject == self._subjects.renew:
+                    reply = RenewReply(ok=False, code="controller_unavailable")
+                headers = {
+                    "Nats-Service-Error": "pool state contended",
+                    "Nats-Service-Error-Code": "503",
+                }
             except RedisError as exc:
                 log.warning("store_unreachable", subject=msg.subject, error=str(exc))
                 reply = ErrorReply(

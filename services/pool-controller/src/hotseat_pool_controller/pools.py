@@ -39,7 +39,7 @@ from hotseat_pool_controller.state import (
     decide_resident_lost,
     decide_tick,
 )
-from hotseat_pool_controller.store import PoolStore
+from hotseat_pool_controller.store import ConflictError, PoolStore
 from hotseat_pool_controller.swap import SwapRunner
 
 log = get_logger(__name__)
@@ -275,3 +275,7 @@ class PoolRuntime:
                 log.warning("supervisor_store_unreachable", pool=self.name, error=str(exc))
             except DriverError as exc:
                 log.warning("supervisor_driver_error", pool=self.name, error=str(exc))
+            except ConflictError as exc:
+                # Heavy contention (leases coming and going on the resident) made every
+                # attempt's precondition break; the next tick decides afresh. Not fatal.
+                log.warning("supervisor_decision_contended", pool=self.name, error=str(exc))
