@@ -325,7 +325,12 @@ def _start_swap(
         }
     )
     busy_guard = (snap.resident,) if snap.resident else ()
-    pre = Preconditions(version=snap.version, zero_leases=busy_guard, zero_waiters=busy_guard)
+    # The resident's waiters count as busy only just after its commit (incumbent_busy);
+    # later they are strays (a router that died while held) and the decision ignores
+    # them, so the precondition must too: requiring zero would fail every attempt until
+    # the stray's deadline, and every decision for the pool would lose all its races.
+    waiter_guard = busy_guard if _just_committed(snap, policy) else ()
+    pre = Preconditions(version=snap.version, zero_leases=busy_guard, zero_waiters=waiter_guard)
     order = SwapOrder(target=target, epoch=epoch, from_member=snap.resident)
     audit = AuditIntent(
         PoolOutcome.SWAP_STARTED,
