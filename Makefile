@@ -6,7 +6,7 @@ MEMBERS := -e libs/common -e services/router -e services/pool-controller -e serv
 PYPROJECTS := pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 PYTEST_ARGS ?=
 
-.PHONY: install run test check lint typecheck bench clean
+.PHONY: install run test test-fault soak check lint typecheck bench clean
 
 $(BIN)/.installed: $(PYPROJECTS)
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,14 @@ run: install
 ## Run the test suite against real NATS, Redis and PostgreSQL.
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Only the fault-injection tests (tests/fault, marker fault); docs/reliability.md lists them.
+test-fault: install
+	$(BIN)/python -m pytest -m fault $(PYTEST_ARGS)
+
+## Chaos soak: a fleet under traffic while its processes are killed (SOAK_ARGS=--ci: 1 min).
+soak: install
+	$(BIN)/python bench/soak.py $(SOAK_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

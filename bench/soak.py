@@ -1,0 +1,434 @@
+"""Chaos soak: a whole Hotseat fleet under mixed traffic while its processes are killed.
+
+Two routers, two pool controllers and the audit service (on PostgreSQL), two pools of two
+sim members each, private NATS and Redis. Concurrent clients send a mix of Wait and IfIdle
+requests, streaming and not, for a fixed duration, while a chaos loop SIGKILLs a random
+router, controller or audit process every few seconds and starts it again on the same
+port. At the end it prints requests by status, swaps, busy skips, audit events published
+(accepted by JetStream) against stored, and the GPU ledger verdict of both pools, and
+exits non-zero on any ledger violation, lost or duplicated audit event.
+
+Run: ``.venv/bin/python bench/soak.py --duration 150`` (``make soak``; ``--ci`` is a
+one-minute run for CI). Needs PostgreSQL at ``HOTSEAT_TEST_POSTGRES_DSN`` (default
+``postgresql://postgres@127.0.0.1:5432/test``). Everything else runs on loopback with
+private servers, and nothing is left running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import psycopg
+import redis.asyncio as aioredis
+import yaml
+
+from hotseat.launcher import Managed, free_port, start_nats, start_redis, start_service
+from hotseat_common.keys import Keys
+from hotseat_sim.timeline import read_timeline
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the test tree's database helper and ledger oracle
+
+from tests.support.infra import fresh_postgres_database  # noqa: E402
+from tests.support.oracle import Verdict, judge  # noqa: E402
+
+PREFIX = "soak"
+STREAM = "AUDIT_SOAK"
+POOLS = {"gpu0": ("judge", "coder"), "gpu1": ("writer", "painter")}
+FAST = {
+    "HOTSEAT_TICK_INTERVAL": "0.1",
+    "HOTSEAT_RECONCILE_INTERVAL": "0.5",
+    "HOTSEAT_HEARTBEAT_TTL": "1.0",
+    "HOTSEAT_SHUTDOWN_GRACE": "3",
+    "HOTSEAT_LOG_LEVEL": "warning",
+}
+
+
+def fleet_config(ports: dict[str, int]) -> dict[str, Any]:
+    backends: list[dict[str, Any]] = []
+    pools: list[dict[str, Any]] = []
+    rules: list[dict[str, Any]] = []
+    for pool, members in POOLS.items():
+        small, large = members
+        for member in members:
+            backends.append(
+                {
+                    "name": member,
+                    "address": f"http://127.0.0.1:{ports[member]}",
+                    "pool": {"name": pool, "member": member},
+                }
+            )
+            rules.append(
+                {"name": member, "match": {"models": [member]}, "route": {"backends": [member]}}
+            )
+        rules.append(
+            {
+                "name": f"{pool}-ifidle",
+                "match": {"models": [f"{pool}-ifidle"]},
+                "route": {"backends": [large, small], "poolActivation": "IfIdle"},
+            }
+        )
+        pools.append(
+            {
+                "name": pool,
+                "leaseTtl": "3s",
+                "swapBudget": "15s",
+                "maxWaiters": 200,
+                "default": small,
+                "driver": {"kind": "sim", "gpuMemoryGiB": 24},
+                "members": [
+                    {
+                        "name": small,
+                        "sim": {
+                            "loadSeconds": 0.3,
+                            "unloadSeconds": 0.1,
+                            "memoryGiB": 8,
+                            "tokensPerSecond": 60,
+                            "slots": 8,
+                        },
+                    },
+                    {
+                        "name": large,
+                        "sim": {
+                            "loadSeconds": 0.8,
+                            "unloadSeconds": 0.1,
+                            "memoryGiB": 20,
+                            "tokensPerSecond": 120,
+                            "slots": 8,
+                        },
+                    },
+                ],
+            }
+        )
+    return {
+        "router": {"name": "soak", "requestTimeout": "30s"},
+        "backends": backends,
+        "pools": pools,
+        "rules": rules,
+    }
+
+
+@dataclass
+class Part:
+    """A Hotseat process the chaos loop may kill, and how to start it again."""
+
+    name: str
+    entry: str
+    args: list[str]
+    port: int
+    env: dict[str, str]
+    proc: Managed | None = None
+    starts: int = 0
+
+    def start(self, logs: Path) -> Managed:
+        self.starts += 1
+        self.proc = start_service(
+            f"{self.name}-{self.starts}",
+            self.entry,
+            self.args,
+            port=self.port,
+            log_dir=logs,
+            env=self.env,
+            timeout=60,
+        )
+        return self.proc
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class Tally:
+    statuses: Counter[str] = field(default_factory=Counter)
+    answered: set[str] = field(default_factory=set)
+    kills: Counter[str] = field(default_factory=Counter)
+    crashes: Counter[str] = field(default_factory=Counter)
+    """Parts found dead that the chaos loop had not killed."""
+    last_killed: set[str] = field(default_factory=set)
+    cut_streams: int = 0
+
+
+async def one_request(
+    http: httpx.AsyncClient,
+    routers: list[Part],
+    router: Part,
+    *,
+    request_id: str,
+    body: dict[str, Any],
+    tally: Tally,
+) -> str:
+    """Send one request; a router that refuses the connection (killed) is skipped for the
+    other one, as a load balancer would. The answer's status (503s with their code)."""
+    others = [r for r in routers if r is not router]
+    for target in [router, *others]:
+        try:
+            async with http.stream(
+                "POST",
+                f"{target.url}/v1/chat/completions",
+                json=body,
+                headers={"x-hotseat-request-id": request_id},
+            ) as response:
+                text = (await response.aread()).decode(errors="replace")
+        except httpx.ConnectError:
+            continue
+        except httpx.HTTPError as exc:
+            return f"cut by a router kill ({type(exc).__name__})"
+        tally.answered.add(request_id)
+        if response.status_code == 503:
+            if "retry-after" not in response.headers:
+                return "503-no-retry-after"
+            return f"503 {response.json()['error']['code']}"
+        if body["stream"] and response.status_code == 200 and "[DONE]" not in text:
+            tally.cut_streams += 1
+            return "200-cut"
+        return str(response.status_code)
+    return "no router reachable"
+
+
+async def client_loop(n: int, routers: list[Part], stop: asyncio.Event, tally: Tally) -> None:
+    rng = random.Random(n)
+    models = [m for members in POOLS.values() for m in members]
+    models += [f"{p}-ifidle" for p in POOLS]
+    async with httpx.AsyncClient(timeout=httpx.Timeout(40)) as http:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            request_id = f"soak-{n}-{i}"
+            model = rng.choice(models)
+            router = routers[rng.randrange(len(routers))]
+            stream = rng.random() < 0.5
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": rng.randint(1, 30),
+                "stream": stream,
+            }
+            status = await one_request(
+                http, routers, router, request_id=request_id, body=body, tally=tally
+            )
+            tally.statuses[status] += 1
+            await asyncio.sleep(rng.random() * 0.2)
+
+
+async def chaos_loop(
+    parts: list[Part], logs: Path, stop: asyncio.Event, tally: Tally, interval: float
+) -> None:
+    rng = random.Random(99)
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval * (0.5 + rng.random()))
+        if stop.is_set():
+            return
+        for crashed in [p for p in parts if p.proc is not None and not p.proc.alive()]:
+            # Died without being killed: a bug. Restart it (as an orchestrator would).
+            tally.crashes[crashed.name] += 1
+            await asyncio.to_thread(crashed.start, logs)
+        part = rng.choice(parts)
+        if part.proc is not None:
+            part.proc.kill()
+        tally.kills[part.name] += 1
+        tally.last_killed = {part.name}
+        await asyncio.sleep(0.5 + rng.random())
+        await asyncio.to_thread(part.start, logs)
+        tally.last_killed = set()
+
+
+async def stream_messages(nats_url: str) -> int:
+    nc = await nats.connect(nats_url, connect_timeout=5)
+    try:
+        info = await nc.jetstream().stream_info(STREAM)
+        return int(info.state.messages)
+    finally:
+        await nc.close()
+
+
+def stored(dsn: str) -> tuple[int, int, Counter[str], int]:
+    """(rows, distinct ids, rows by outcome, dead letters) in the audit store."""
+    with psycopg.connect(dsn) as conn:
+        rows, distinct = conn.execute(
+            "SELECT count(*), count(DISTINCT id) FROM audit_events"
+        ).fetchone() or (0, 0)
+        by_outcome = Counter(
+            {o: int(c) for o, c in conn.execute(
+                "SELECT outcome, count(*) FROM audit_events GROUP BY outcome"
+            ).fetchall()}
+        )  # fmt: skip
+        dead = (conn.execute("SELECT count(*) FROM audit_dead_letters").fetchone() or (0,))[0]
+    return int(rows), int(distinct), by_outcome, int(dead)
+
+
+def request_ids(dsn: str) -> Counter[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT request_id FROM audit_events WHERE kind = 'request'").fetchall()
+    return Counter(str(r[0]) for r in rows)
+
+
+async def verdicts(redis_url: str) -> dict[str, Verdict]:
+    client: aioredis.Redis = aioredis.from_url(redis_url, decode_responses=True)
+    try:
+        return {pool: judge(await read_timeline(client, Keys(PREFIX), pool)) for pool in POOLS}
+    finally:
+        await client.aclose()
+
+
+async def settle(dsn: str, nats_url: str, timeout: float = 60) -> tuple[int, int]:
+    """Wait until the store holds every event the stream accepted (or time runs out)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        accepted = await stream_messages(nats_url)
+        rows, _, _, dead = await asyncio.to_thread(stored, dsn)
+        if rows + dead >= accepted or time.monotonic() > deadline:
+            return accepted, rows + dead
+        await asyncio.sleep(1)
+
+
+async def run(args: argparse.Namespace) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="hotseat-soak-"))
+    logs = workdir / "logs"
+    members = [m for ms in POOLS.values() for m in ms]
+    ports = {m: free_port() for m in members}
+    config_path = workdir / "hotseat.yaml"
+    config_path.write_text(yaml.safe_dump(fleet_config(ports)))
+    infra: list[Managed] = []
+    parts: list[Part] = []
+    sims: list[Managed] = []
+    with fresh_postgres_database() as dsn:
+        try:
+            nats_proc = start_nats(workdir / "nats")
+            redis_proc = start_redis(workdir / "redis")
+            infra += [nats_proc, redis_proc]
+            env = {
+                **FAST,
+                "HOTSEAT_NATS_URL": nats_proc.url,
+                "HOTSEAT_REDIS_URL": redis_proc.url,
+                "HOTSEAT_SUBJECT_PREFIX": PREFIX,
+                "HOTSEAT_KEY_PREFIX": PREFIX,
+                "HOTSEAT_AUDIT_STREAM": STREAM,
+                "HOTSEAT_CONFIG": str(config_path),
+            }
+            sims += [
+                start_service(
+                    f"sim-{member}",
+                    "hotseat-sim",
+                    ["--backend", member],
+                    port=ports[member],
+                    log_dir=logs,
+                    env=env,
+                    ready_path="/control/state",
+                )
+                for member in members
+            ]
+            routers = [
+                Part(f"router{i}", "hotseat-router", ["--instance", f"router{i}"], free_port(), env)
+                for i in (1, 2)
+            ]
+            controllers = [
+                Part(
+                    f"controller{i}",
+                    "hotseat-controller",
+                    ["--instance", f"c{i}"],
+                    free_port(),
+                    env,
+                )
+                for i in (1, 2)
+            ]
+            audit = Part("audit", "hotseat-audit", ["--dsn", dsn], free_port(), env)
+            parts = [*routers, *controllers, audit]
+            for part in parts:
+                part.start(logs)
+            print(f"soak: fleet up in {workdir}; {args.duration:.0f}s of traffic and chaos")
+            tally = Tally()
+            stop = asyncio.Event()
+            started = time.monotonic()
+            clients = [
+                asyncio.create_task(client_loop(n, routers, stop, tally))
+                for n in range(args.clients)
+            ]
+            chaos = asyncio.create_task(chaos_loop(parts, logs, stop, tally, args.chaos_interval))
+            await asyncio.sleep(args.duration)
+            stop.set()
+            await chaos
+            await asyncio.gather(*clients)
+            elapsed = time.monotonic() - started
+            for part in parts:  # every part up again before the books are closed
+                if part.proc is None or not part.proc.alive():
+                    if part.name not in tally.last_killed:
+                        tally.crashes[part.name] += 1
+                    await asyncio.to_thread(part.start, logs)
+            for part in [*routers, *controllers]:  # graceful: buffered events are flushed
+                if part.proc is not None:
+                    await asyncio.to_thread(part.proc.stop, 10)
+            accepted, landed = await settle(dsn, nats_proc.url)
+            rows, distinct, by_outcome, dead = await asyncio.to_thread(stored, dsn)
+            ids = await asyncio.to_thread(request_ids, dsn)
+            ledger = await verdicts(redis_proc.url)
+        finally:
+            for proc in [*(p.proc for p in parts if p.proc is not None), *sims, *infra]:
+                proc.stop(10)
+
+    lost = max(0, accepted - landed)
+    duplicates = rows - distinct
+    violations = sum(v.violations for v in ledger.values())
+    unaudited = sum(1 for rid in tally.answered if ids[rid] == 0)
+    doubled = sum(1 for c in ids.values() if c > 1)
+    swaps = {k: by_outcome[f"swap_{k}"] for k in ("completed", "started", "cancelled", "failed")}
+    report = {
+        "duration": f"{elapsed:.0f} s, {args.clients} clients",
+        "requests": f"{sum(tally.statuses.values())}: {_counts(tally.statuses)}",
+        "kills": f"{sum(tally.kills.values())}: {_counts(tally.kills)}",
+        "crashes": f"{sum(tally.crashes.values())} {_counts(tally.crashes)}".strip(),
+        "swaps": _counts(Counter(swaps)),
+        "busy skips": str(by_outcome["busy_skip"]),
+        "leases expired": str(by_outcome["lease_expired"]),
+        "audit": f"accepted by JetStream {accepted}, stored {landed} ({rows} events + "
+        f"{dead} dead letters), lost {lost}, duplicates {duplicates}",
+        "request events": f"answered without one {unaudited} (lost in a killed router's "
+        f"buffer), with two or more {doubled}",
+        **{f"ledger {pool}": str(v.summary()) for pool, v in ledger.items()},
+        "violations": str(violations),
+    }
+    for label, text in report.items():
+        print(f"{label:<16}{text}")
+    crashes = sum(tally.crashes.values())
+    failed = violations > 0 or lost > 0 or duplicates > 0 or doubled > 0 or crashes > 0
+    bad_status = tally.statuses["503-no-retry-after"] + tally.cut_streams
+    if bad_status:
+        print(f"{bad_status} answers broke the contract (503 without Retry-After, cut stream)")
+        failed = True
+    print("FAIL" if failed else "OK")
+    return 1 if failed else 0
+
+
+def _counts(counter: Counter[str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counter.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=150.0, help="seconds of traffic")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
+    parser.add_argument(
+        "--chaos-interval", type=float, default=6.0, help="mean seconds between kills"
+    )
+    parser.add_argument("--ci", action="store_true", help="a one-minute run (for CI)")
+    args = parser.parse_args()
+    if args.ci:
+        args.duration = min(args.duration, 60.0)
+    sys.exit(asyncio.run(run(args)))
+
+
+if __name__ == "__main__":
+    main()
