@@ -34,7 +34,14 @@ import psycopg
 import redis.asyncio as aioredis
 import yaml
 
-from hotseat.launcher import Managed, free_port, start_nats, start_redis, start_service
+from hotseat.launcher import (
+    LaunchError,
+    Managed,
+    free_port,
+    start_nats,
+    start_redis,
+    start_service,
+)
 from hotseat_common.keys import Keys
 from hotseat_sim.timeline import read_timeline
 
@@ -133,17 +140,27 @@ class Part:
     starts: int = 0
 
     def start(self, logs: Path) -> Managed:
-        self.starts += 1
-        self.proc = start_service(
-            f"{self.name}-{self.starts}",
-            self.entry,
-            self.args,
-            port=self.port,
-            log_dir=logs,
-            env=self.env,
-            timeout=60,
-        )
-        return self.proc
+        """Start on its port; if something else took the port meanwhile (other programs
+        share this machine), on a new one (clients read ``url`` afresh every request)."""
+        for _ in range(3):
+            self.starts += 1
+            try:
+                self.proc = start_service(
+                    f"{self.name}-{self.starts}",
+                    self.entry,
+                    self.args,
+                    port=self.port,
+                    log_dir=logs,
+                    env=self.env,
+                    timeout=60,
+                )
+            except LaunchError as exc:
+                if "address already in use" not in str(exc):
+                    raise
+                self.port = free_port()
+            else:
+                return self.proc
+        raise LaunchError(f"{self.name}: no free port")
 
     @property
     def url(self) -> str:
