@@ -84,6 +84,8 @@ def _prepare(config: pytest.Config) -> Llama | str:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Prepare once, before any test, when a realserver test is selected."""
     global _prepared  # noqa: PLW0603 - one preparation per session, read by the fixture
+    if session.config.option.collectonly:
+        return
     if _prepared is None and any(i.get_closest_marker("realserver") for i in session.items):
         _prepared = _prepare(session.config)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -202,10 +201,40 @@ async def streaming(url: str, model: str, max_tokens: int) -> AsyncIterator[Stre
             task.cancel()
 
 
-async def slots_busy(port: int) -> bool:
+async def busy_slots(port: int) -> int:
+    """How many of the server's slots are processing, from its own ``/slots``."""
     async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
         slots = (await client.get(f"http://127.0.0.1:{port}/slots")).json()
-    return any(slot["is_processing"] for slot in slots)
+    return sum(1 for slot in slots if slot["is_processing"])
+
+
+async def slots_busy(port: int) -> bool:
+    return await busy_slots(port) > 0
+
+
+@asynccontextmanager
+async def hanging(url: str, port: int, model: str) -> AsyncIterator[None]:
+    """Add a long non-streaming request to whatever the member at ``url`` is doing, and
+    wait until it occupies a slot of its own.
+
+    With a non-streaming request in flight, ``llama-server`` ignores SIGTERM every time
+    (checked here dozens of times); with only a stream in flight it does about two times
+    in three, and otherwise stops the stream and exits within 0.1 s. Tests of the
+    escalation add one, so the hang they check against is certain.
+    """
+    before = await busy_slots(port)
+    task = asyncio.create_task(chat(url, model, max_tokens=1900))
+    try:
+        deadline = time.monotonic() + 10
+        while await busy_slots(port) <= before:
+            if task.done() or time.monotonic() > deadline:
+                raise AssertionError(f"the request did not take a slot: {task}")
+            await asyncio.sleep(0.02)
+        yield
+    finally:
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def port_open(port: int) -> bool:
@@ -256,8 +285,10 @@ class Sample:
 @dataclass
 class Watcher:
     """Samples, every few milliseconds and independently of the controller, which member
-    server processes exist and which member ports accept connections."""
+    server processes run below ``parent`` (the controller) and which member ports accept
+    connections."""
 
+    parent: int
     ports: dict[str, int]
     samples: list[Sample] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
@@ -265,23 +296,27 @@ class Watcher:
     def _sample(self) -> Sample:
         marks = {member: f"--port\0{port}\0".encode() for member, port in self.ports.items()}
         pids: dict[str, list[int]] = {member: [] for member in self.ports}
-        for proc in psutil.process_iter(["name", "status"]):
-            if proc.info["name"] != "llama-server" or proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
+        try:
+            children = psutil.Process(self.parent).children(recursive=True)
+        except psutil.NoSuchProcess:
+            children = []
+        for child in children:
             try:
-                cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
-            except OSError:
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                cmdline = Path(f"/proc/{child.pid}/cmdline").read_bytes()
+            except (OSError, psutil.Error):
                 continue
             for member, mark in marks.items():
                 if mark in cmdline:
-                    pids[member].append(proc.pid)
+                    pids[member].append(child.pid)
         open_ports = {member: port_open(port) for member, port in self.ports.items()}
         return Sample(time.time(), pids, open_ports)
 
     async def _run(self) -> None:
         while True:
             self.samples.append(await asyncio.to_thread(self._sample))
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.002)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -290,6 +325,15 @@ class Watcher:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+    async def wait_seen(self, member: str, timeout: float = 10) -> Sample:
+        """The first sample with ``member``'s process, waiting for one if need be."""
+        deadline = time.monotonic() + timeout
+        while not any(self.seen(member)):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the watcher never saw {member}'s process")
+            await asyncio.sleep(0.02)
+        return next(iter(self.seen(member)))
 
     def overlaps(self) -> list[Sample]:
         """Samples where two members had a process or an open port at once."""
@@ -301,7 +345,3 @@ class Watcher:
 
     def seen(self, member: str) -> Iterable[Sample]:
         return (s for s in self.samples if s.pids[member])
-
-
-def env_without(*names: str) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in names}

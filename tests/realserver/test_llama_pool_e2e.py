@@ -24,6 +24,7 @@ from tests.realserver.support import (
     alive,
     at,
     chat,
+    hanging,
     llama_config,
     log_events,
     pid_of,
@@ -80,7 +81,7 @@ async def test_held_request_streams_from_the_new_member_once_the_old_one_is_gone
     stack = await started(make_stack, config)
     small_pid = pid_of(data, "small")
     assert small_pid is not None
-    watcher = Watcher({m: port_of(config, m) for m in MEMBERS})
+    watcher = Watcher(stack.controllers["c1"].pid, {m: port_of(config, m) for m in MEMBERS})
     watcher.start()
     client = openai.AsyncOpenAI(
         base_url=f"{stack.routers[0].url}/v1", api_key="unused", max_retries=0, timeout=90
@@ -101,6 +102,7 @@ async def test_held_request_streams_from_the_new_member_once_the_old_one_is_gone
             first_chunk_at = first_chunk_at or time.time()
             chunks.append(chunk)
     await client.close()
+    await watcher.wait_seen("large")
     await watcher.stop()
 
     assert backend == "large"
@@ -118,7 +120,6 @@ async def test_held_request_streams_from_the_new_member_once_the_old_one_is_gone
     assert stopped["pid"] == small_pid
     assert at(stopped) <= at(start)
     assert watcher.overlaps() == []
-    assert any(watcher.seen("large")), "the watcher never saw large's process"
     # The request was held through the swap: it came first, its first chunk after the commit.
     [swap_start] = await stack.wait_audit(
         lambda e: e["outcome"] == "swap_started" and e.get("to_member") == "large"
@@ -140,19 +141,21 @@ async def test_held_request_streams_from_the_new_member_once_the_old_one_is_gone
 async def test_forced_swap_from_a_hung_member_loads_the_next_only_once_it_is_killed(
     make_stack: Make, llama: Llama, tmp_path: Path
 ) -> None:
-    """An admin swap from small to large while a stream bypassing the router runs on small:
-    small hangs on SIGTERM and is SIGKILLed after stopGracePeriod, and large's process
-    starts only after small's process and port are gone (seen by an independent watcher)."""
+    """An admin swap from small to large while requests that bypassed the router run on
+    small (a stream, and a plain request that makes its SIGTERM hang certain): small is
+    SIGKILLed after stopGracePeriod, and large's process starts only after small's
+    process and port are gone (seen by an independent watcher)."""
     data = tmp_path / "members"
     config = llama_config(llama, data, grace="2s")
     stack = await started(make_stack, config)
     small_pid = pid_of(data, "small")
     assert small_pid is not None
-    watcher = Watcher({m: port_of(config, m) for m in MEMBERS})
+    watcher = Watcher(stack.controllers["c1"].pid, {m: port_of(config, m) for m in MEMBERS})
     watcher.start()
     admin = {"authorization": f"Bearer {stack.admin_token}"}
     async with (
         streaming(member_url(config, "small"), "small", max_tokens=LONG) as stream,
+        hanging(member_url(config, "small"), port_of(config, "small"), "small"),
         httpx.AsyncClient(timeout=5, trust_env=False) as client,
     ):
         began = time.monotonic()
@@ -163,11 +166,11 @@ async def test_forced_swap_from_a_hung_member_loads_the_next_only_once_it_is_kil
         await stack.wait_resident("large", pool=POOL, timeout=30)
         elapsed = time.monotonic() - began
         result = await stream.task
+    first_large = await watcher.wait_seen("large")
     await watcher.stop()
     assert not result.finished, result
     assert elapsed >= 2.0, "small stopped before the grace period: it did not hang"
     assert watcher.overlaps() == []
-    first_large = next(iter(watcher.seen("large")))
     assert not any(s.pids["small"] or s.open_ports["small"] for s in watcher.samples
                    if s.time >= first_large.time)  # fmt: skip
     [killed] = controller_log(stack, "process_member_killed")
@@ -264,9 +267,10 @@ async def test_member_killed_out_of_band_is_detected_and_recovered(
 async def test_unloading_a_member_serving_a_stream_escalates_without_hanging(
     make_stack: Make, llama: Llama, tmp_path: Path
 ) -> None:
-    """An admin unload of large while a stream bypassing the router runs on it: llama-server
-    hangs on SIGTERM, is SIGKILLed after stopGracePeriod, and the controller answers its API
-    throughout and finishes the unload."""
+    """An admin unload of large while requests that bypassed the router run on it (a
+    stream, and a plain request that makes its SIGTERM hang certain): llama-server is
+    SIGKILLed after stopGracePeriod, and the controller answers its API throughout and
+    finishes the unload."""
     data = tmp_path / "members"
     config = llama_config(llama, data, grace="2s", pool={"default": "large"})
     stack = await started(make_stack, config)
@@ -275,6 +279,7 @@ async def test_unloading_a_member_serving_a_stream_escalates_without_hanging(
     admin = {"authorization": f"Bearer {stack.admin_token}"}
     async with (
         streaming(member_url(config, "large"), "large", max_tokens=LONG) as stream,
+        hanging(member_url(config, "large"), port_of(config, "large"), "large"),
         httpx.AsyncClient(timeout=5, trust_env=False) as client,
     ):
         began = time.monotonic()
@@ -303,15 +308,18 @@ async def test_unloading_a_member_serving_a_stream_escalates_without_hanging(
 async def test_controller_shutdown_stops_a_streaming_member_within_its_grace(
     make_stack: Make, llama: Llama, tmp_path: Path
 ) -> None:
-    """SIGTERM to the controller while its resident streams (bypassing the router): the
-    controller exits by itself (no SIGKILL needed) after escalating the member's stop, and
-    leaves no llama-server behind."""
+    """SIGTERM to the controller while its resident serves requests that bypassed the router
+    (a stream, and a plain request that makes its SIGTERM hang certain): the controller
+    SIGKILLs the member after its grace, exits by itself, and leaves no llama-server."""
     data = tmp_path / "members"
     config = llama_config(llama, data, grace="2s", pool={"default": "large"})
     stack = await started(make_stack, config)
     pid = pid_of(data, "large")
     assert pid is not None
-    async with streaming(member_url(config, "large"), "large", max_tokens=LONG) as stream:
+    async with (
+        streaming(member_url(config, "large"), "large", max_tokens=LONG) as stream,
+        hanging(member_url(config, "large"), port_of(config, "large"), "large"),
+    ):
         began = time.monotonic()
         code = await asyncio.to_thread(stack.controllers["c1"].stop, 20)
         elapsed = time.monotonic() - began
