@@ -1,6 +1,7 @@
 """The ``process`` driver: a member is a local server process, started to load, stopped to unload.
 
-Load: start the member's command (an argv list, no shell) in its own session, output
+Load: start the member's command (an argv list, no shell; ``${NAME}``, ``${NAME:-default}``
+and a leading ``~`` expanded, see :mod:`.expansion`) in its own session, output
 appended to its log file, a pid file written; ready once its health URL answers 200
 (llama.cpp answers 503 while the model loads). A process that exits first is an error
 carrying the tail of its log.
