@@ -57,7 +57,9 @@ def configure_logging(
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
-    # Access logs are per request and duplicate our own request log line.
-    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+    # Access logs are per request and duplicate our own request log line; httpx logs every
+    # health and /slots probe a driver makes at info level.
+    for chatty in ("uvicorn.access", "httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(service=service, instance=instance or service)
