@@ -46,6 +46,10 @@ async def test_body_too_large_by_content_length(echo_router, client, audit):
     assert (event["outcome"], event["status"]) == ("rejected", 413)
 
 
+# When the router answers 413 while the client still uploads, httpx abandons the half-sent
+# connection to the garbage collector (its socket is closed there, with a ResourceWarning
+# that can surface in whichever test runs next); the router side is checked below.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_body_too_large_when_chunked(echo_router, client):
     """A chunked body is counted as it streams in and cut off with 413."""
     router, echo = echo_router

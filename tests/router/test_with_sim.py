@@ -118,10 +118,13 @@ async def test_client_disconnect_frees_the_sim_slot(sims, start_router):
             },
         ) as response,
     ):
+        assert response.status_code == 200
         await anext(response.aiter_raw())
-        slots = (await small.http.get("/slots")).json()
-        assert any(s["is_processing"] for s in slots)
-    # The sim offers no event for a freed slot: poll its /slots with a deadline.
+        # The sim offers no event for a taken or freed slot: poll /slots with a deadline.
+        deadline = asyncio.get_running_loop().time() + 5
+        while not any(s["is_processing"] for s in (await small.http.get("/slots")).json()):
+            assert asyncio.get_running_loop().time() < deadline, "the sim never generated"
+            await asyncio.sleep(0.02)
     deadline = asyncio.get_running_loop().time() + 5
     while any(s["is_processing"] for s in (await small.http.get("/slots")).json()):
         assert asyncio.get_running_loop().time() < deadline, "the sim kept generating"
