@@ -111,7 +111,9 @@ async def test_swap_longer_than_budget_with_a_burst_over_the_queue_cap(
         held = [t for code, t, _ in answers if code == "pool_activation_timeout"]
         rejected = [t for code, t, _ in answers if code == "pool_queue_full"]
         assert max(held) <= budget + 1.0, f"held too long: {max(held):.2f}s"
-        assert max(rejected) <= 1.0, f"queue-full answers were slow: {max(rejected):.2f}s"
+        # Rejected, not held: each answer comes before the budget a held request waits out
+        # (the absolute time depends on how busy the machine's two cores are).
+        assert max(rejected) < budget, f"queue-full answers were held: {max(rejected):.2f}s"
         await stack.wait_resident(target, timeout=20)
         target = "judge" if target == "coder" else "coder"
     await http.aclose()
