@@ -76,6 +76,17 @@ def store_dsn(request: pytest.FixtureRequest, tmp_path: Path, prefix: str) -> It
     drop_schema(base, prefix)
 
 
+_STARTED: list[Managed] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_audit_services() -> Iterator[None]:
+    """Every audit process a test started is stopped with it (none outlives its test)."""
+    yield
+    while _STARTED:
+        _STARTED.pop().stop(5)
+
+
 def start_audit(
     tmp_path: Path, prefix: str, nats_url: str, dsn: str, *extra: str, name: str = "audit"
 ) -> Managed:
@@ -86,7 +97,9 @@ def start_audit(
         "--dsn", dsn,
         *extra,
     ]  # fmt: skip
-    return start_service(name, "hotseat-audit", args, port=free_port(), log_dir=tmp_path / "logs")
+    proc = start_service(name, "hotseat-audit", args, port=free_port(), log_dir=tmp_path / "logs")
+    _STARTED.append(proc)
+    return proc
 
 
 async def dead_letters(dsn: str) -> int:
