@@ -14,6 +14,8 @@ import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
 
 from hotseat.launcher import Managed, start_nats, start_redis
+from hotseat_common.settings import RedisSettings
+from hotseat_pool_controller.redis_link import RedisLink
 from tests.support.infra import fresh_postgres_database, unique_prefix
 
 
@@ -52,6 +54,14 @@ async def nc(nats_server: Managed) -> AsyncIterator[NatsClient]:
     client = await nats.connect(nats_server.url, connect_timeout=2)
     yield client
     await client.drain()
+
+
+@pytest.fixture
+async def link(redis_server: Managed) -> AsyncIterator[RedisLink]:
+    """The controller's own pipelined connection to the session's Redis."""
+    client = RedisLink(RedisSettings(redis_url=redis_server.url))
+    yield client
+    await client.aclose()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from hotseat.launcher import Managed
 from hotseat_common.config.model import BusySignal, PoolActivation
 from hotseat_common.keys import Keys
 from hotseat_common.messages import Granted
+from hotseat_pool_controller.redis_link import RedisLink
 from hotseat_pool_controller.state import AcquireAsk, Phase, PoolPolicy, decide_acquire
 from hotseat_pool_controller.store import PoolStore
 
@@ -39,7 +40,7 @@ states = st.fixed_dictionaries(
 )
 
 
-async def test_fast_grant_matches_decide_acquire(redis_server: Managed) -> None:
+async def test_fast_grant_matches_decide_acquire(redis_server: Managed, link: RedisLink) -> None:
     """For random states, the fast path grants exactly when decide_acquire grants afresh."""
     client: aioredis.Redis = aioredis.from_url(redis_server.url, decode_responses=True)
     checked = 0
@@ -55,7 +56,7 @@ async def test_fast_grant_matches_decide_acquire(redis_server: Managed) -> None:
     run()
     try:
         for state in outcomes:
-            store = PoolStore(client, Keys("f" + uuid.uuid4().hex[:8]), POLICY)
+            store = PoolStore(link, Keys("f" + uuid.uuid4().hex[:8]), POLICY)
             member = str(state["member"])
             if state["phase"] is not None:
                 await client.hset(

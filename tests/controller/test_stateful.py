@@ -23,6 +23,8 @@ from hotseat.launcher import Managed
 from hotseat_common.config.model import BusySignal, PoolActivation
 from hotseat_common.keys import Keys
 from hotseat_common.messages import ErrorReply, Granted, IncumbentBusyReply, WaitReply
+from hotseat_common.settings import RedisSettings
+from hotseat_pool_controller.redis_link import RedisLink
 from hotseat_pool_controller.state import (
     NOTHING,
     AcquireAsk,
@@ -97,7 +99,8 @@ class ControllerMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.redis: aioredis.Redis = aioredis.from_url(self.redis_url, decode_responses=True)
-        self.store = PoolStore(self.redis, Keys("p" + uuid.uuid4().hex[:10]), POLICY)
+        self.link = RedisLink(RedisSettings(redis_url=self.redis_url))
+        self.store = PoolStore(self.link, Keys("p" + uuid.uuid4().hex[:10]), POLICY)
         self.gpu = SimGpu()
         self.leases: dict[str, tuple[str, str]] = {}  # lease id -> (member, request id)
         self.waiting: dict[str, tuple[str, PoolActivation]] = {}  # request id -> (member, mode)
@@ -111,6 +114,7 @@ class ControllerMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         self.run(self.store.reset())
         self.run(self.redis.aclose())
+        self.run(self.link.aclose())
         self.loop.close()
 
     def snapshot(self, request_id: str = "") -> PoolSnapshot:

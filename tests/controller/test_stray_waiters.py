@@ -9,6 +9,7 @@ import redis.asyncio as aioredis
 
 from hotseat_common.config.model import BusySignal
 from hotseat_common.keys import Keys
+from hotseat_pool_controller.redis_link import RedisLink
 from hotseat_pool_controller.state import PoolPolicy, decide_tick
 from hotseat_pool_controller.store import PoolStore
 
@@ -26,12 +27,12 @@ POLICY = PoolPolicy(
 
 
 async def test_a_stray_waiter_on_the_resident_does_not_block_a_swap(
-    redis: aioredis.Redis, prefix: str
+    redis: aioredis.Redis, link: RedisLink, prefix: str
 ) -> None:
     """Resident judge committed a minute ago, a stray waiter for judge still live, coder
     demanded: the tick starts the swap to coder on its first attempt."""
     keys = Keys(prefix)
-    store = PoolStore(redis, keys, POLICY)
+    store = PoolStore(link, keys, POLICY)
     seconds, micros = await redis.time()
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     await redis.hset(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
 
@@ -16,13 +15,14 @@ from hotseat_common.subjects import Subjects
 from hotseat_pool_controller.drivers import build_driver
 from hotseat_pool_controller.events import Announcer
 from hotseat_pool_controller.pools import PoolRuntime
+from hotseat_pool_controller.redis_link import RedisLink
 from hotseat_pool_controller.state import PoolPolicy
 from hotseat_pool_controller.store import ConflictError, PoolStore
 from tests.support.sim import sim_pool_config
 
 
 async def test_a_contended_tick_does_not_end_the_supervisor(
-    nc: NatsClient, redis: aioredis.Redis, prefix: str
+    nc: NatsClient, link: RedisLink, prefix: str
 ) -> None:
     """The first tick raises ConflictError (every attempt lost a race); the supervisor
     logs it and ticks again instead of dying."""
@@ -36,7 +36,7 @@ async def test_a_contended_tick_does_not_end_the_supervisor(
     runtime = PoolRuntime(
         pool,
         policy,
-        PoolStore(redis, Keys(prefix), policy),
+        PoolStore(link, Keys(prefix), policy),
         driver,
         Announcer(nc, subjects, publisher, metrics, "c1"),
         "c1",

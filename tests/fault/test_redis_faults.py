@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import redis.asyncio as aioredis
@@ -83,12 +84,22 @@ async def test_redis_blackholed_fails_closed_and_fast(
     assert slow == [], f"pooled requests were not answered fast: {slow}"
     assert all(status == 200 for model, status, _, _ in answers if model == "plain"), answers
     assert await _loads_since(stack, dark) == []
-    # Back to normal: the resident serves and a swap runs.
+    # Back to normal: once every controller has seen the store answer again (a replica
+    # whose probe has not yet run still fails closed), the resident serves and a swap runs.
+    await eventually(lambda: _controllers_ready(stack), timeout=10, interval=0.1)
     await eventually(lambda: _serves(router.url, "judge"), timeout=10, interval=0.2)
     swapped = await chat(router.url, "coder")
     assert swapped.status_code == 200, swapped.text
     assert swapped.headers["x-hotseat-backend"] == "coder"
     await stack.assert_invariants()
+
+
+async def _controllers_ready(stack: FaultStack) -> bool:
+    async with httpx.AsyncClient(timeout=2) as client:
+        for controller in stack.controllers.values():
+            if (await client.get(f"{controller.url}/readyz")).status_code != 200:
+                return False
+    return True
 
 
 async def _serves(url: str, model: str) -> bool:

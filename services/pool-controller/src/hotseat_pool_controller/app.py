@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from hotseat_common.audit_stream import AuditPublisher, AuditStreamSpec, ensure_audit_stream
 from hotseat_common.config.model import HotseatConfig
-from hotseat_common.connections import connect_nats, connect_redis
+from hotseat_common.connections import connect_nats
 from hotseat_common.keys import Keys
 from hotseat_common.logging import get_logger
 from hotseat_common.metrics import PoolMetrics
@@ -23,6 +23,7 @@ from hotseat_pool_controller.drivers import build_driver
 from hotseat_pool_controller.events import Announcer
 from hotseat_pool_controller.handlers import ActivationHandlers
 from hotseat_pool_controller.pools import PoolRuntime
+from hotseat_pool_controller.redis_link import RedisLink
 from hotseat_pool_controller.settings import ControllerSettings
 from hotseat_pool_controller.state import PoolPolicy
 from hotseat_pool_controller.store import PoolStore
@@ -42,9 +43,9 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
         async with AsyncExitStack() as stack:
             # Every store script is safe to send twice (preconditions, idempotent writes),
             # so a command that met a connection broken by a Redis restart is resent.
-            redis = connect_redis(settings, reconnect_retries=2)
+            redis = RedisLink(settings, retries=2, name=controller)
             stack.push_async_callback(redis.aclose)
-            await redis.ping()
+            await redis.execute("PING")
             nc = await connect_nats(settings, name=controller)
             stack.push_async_callback(nc.drain)
             subjects = Subjects(settings.subject_prefix)

@@ -6,18 +6,17 @@ compare-and-apply script that checks the decision's preconditions first.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 
 from hotseat_common.keys import Keys
 from hotseat_common.messages import ErrorReply, Granted, PoolView
 from hotseat_pool_controller import scripts
+from hotseat_pool_controller.redis_link import LuaScript, RedisLink
 from hotseat_pool_controller.state import (
     AddLease,
     AddWaiter,
@@ -65,8 +64,8 @@ class ConflictError(RuntimeError):
 
 
 class PoolStore:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, policy: PoolPolicy) -> None:
-        self.redis = redis
+    def __init__(self, link: RedisLink, keys: Keys, policy: PoolPolicy) -> None:
+        self.link = link
         self.keys = keys
         self.policy = policy
         pool = policy.name
@@ -84,13 +83,13 @@ class PoolStore:
             for m in policy.members
         ]
         self._lease_keys = {m: keys.pool_leases(pool, m) for m in policy.members}
-        self._snapshot = redis.register_script(scripts.SNAPSHOT)
-        self._apply = redis.register_script(scripts.APPLY)
-        self._renew = redis.register_script(scripts.RENEW)
-        self._release = redis.register_script(scripts.RELEASE)
-        self._reap = redis.register_script(scripts.REAP)
-        self._grant_fast = redis.register_script(scripts.GRANT_FAST)
-        self._cancel = redis.register_script(scripts.CANCEL)
+        self._snapshot = LuaScript(scripts.SNAPSHOT)
+        self._apply = LuaScript(scripts.APPLY)
+        self._renew = LuaScript(scripts.RENEW)
+        self._release = LuaScript(scripts.RELEASE)
+        self._reap = LuaScript(scripts.REAP)
+        self._grant_fast = LuaScript(scripts.GRANT_FAST)
+        self._cancel = LuaScript(scripts.CANCEL)
 
     # --- reads --------------------------------------------------------------------
 
@@ -104,7 +103,7 @@ class PoolStore:
             "lease_keys": self._lease_keys,
             "swap_times": self._swap_times,
         }
-        raw = await self._snapshot(keys=[self._state], args=[json.dumps(spec)])
+        raw = await self.link.script(self._snapshot, keys=[self._state], args=[orjson.dumps(spec)])
         return _parse_snapshot(orjson.loads(raw))
 
     async def view(self) -> PoolView:
@@ -142,7 +141,7 @@ class PoolStore:
             "pre": pre_spec,
             "ops": [self._encode(op) for op in decision.ops],
         }
-        result = await self._apply(keys=[self._state], args=[json.dumps(spec)])
+        result = await self.link.script(self._apply, keys=[self._state], args=[orjson.dumps(spec)])
         return Applied(int(result))
 
     async def decide(
@@ -218,7 +217,8 @@ class PoolStore:
         if key is None:
             return None
         pool = self.policy.name
-        result = await self._grant_fast(
+        result = await self.link.script(
+            self._grant_fast,
             keys=[
                 self._state,
                 key,
@@ -241,14 +241,17 @@ class PoolStore:
         key = self._lease_keys.get(member)
         if key is None:
             return False
-        result = await self._renew(keys=[key], args=[lease_id, self.policy.lease_ttl_ms])
+        result = await self.link.script(
+            self._renew, keys=[key], args=[lease_id, self.policy.lease_ttl_ms]
+        )
         return bool(result)
 
     async def release(self, member: str, lease_id: str) -> Released:
         key = self._lease_keys.get(member)
         if key is None:
             return Released(removed=False, may_move=False)
-        removed, left, phase, waiters = await self._release(
+        removed, left, phase, waiters = await self.link.script(
+            self._release,
             keys=[
                 key,
                 self._lease_meta,
@@ -267,7 +270,8 @@ class PoolStore:
         key = self._lease_keys.get(member)
         if key is None:
             return False
-        removed = await self._cancel(
+        removed = await self.link.script(
+            self._cancel,
             keys=[
                 self.keys.pool_waiters(self.policy.name, member),
                 self._request_leases,
@@ -285,7 +289,7 @@ class PoolStore:
             "lease_meta": self._lease_meta,
             "request_leases": self._request_leases,
         }
-        raw = await self._reap(keys=[self._state], args=[json.dumps(spec)])
+        raw = await self.link.script(self._reap, keys=[self._state], args=[orjson.dumps(spec)])
         expired: list[ExpiredLease] = []
         for item in orjson.loads(raw):
             meta = orjson.loads(item["meta"]) if item.get("meta") else {}
@@ -304,7 +308,7 @@ class PoolStore:
         keys = [self._state, self._lease_meta, self._request_leases, self._swap_times]
         for member in self._member_keys:
             keys += [member["leases"], member["waiters"], member["failure"]]
-        await self.redis.delete(*keys)
+        await self.link.execute("DEL", *keys)
 
 
 def _parse_snapshot(raw: dict[str, Any]) -> PoolSnapshot:

@@ -13,15 +13,14 @@ landed anyway is a lease or a waiter that nobody uses, and it expires by itself)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from hotseat_common.logging import get_logger
+from hotseat_pool_controller.redis_link import RedisLink
 
 log = get_logger(__name__)
 
@@ -33,47 +32,61 @@ class StoreDown(RedisConnectionError):
 
 
 class StoreHealth:
-    def __init__(self, redis: aioredis.Redis, *, interval: float, timeout: float) -> None:
-        self._redis = redis
+    def __init__(self, link: RedisLink, *, interval: float, timeout: float) -> None:
+        self._link = link
         self._interval = interval
         self._timeout = timeout
-        self._down = asyncio.Event()
+        self._up = True
+        self._guarded: set[asyncio.Task[Any]] = set()
+        self._cut: set[asyncio.Task[Any]] = set()
 
     @property
     def up(self) -> bool:
-        return not self._down.is_set()
+        return self._up
 
     async def run(self) -> None:
         """Probe forever (a background loop of the controller)."""
         while True:
             try:
                 async with asyncio.timeout(self._timeout):
-                    await self._redis.ping()  # the client resends it once a broken link
+                    # The same pipelined connection the requests use: a probe measures
+                    # their path, queued behind whatever they are waiting for.
+                    await self._link.execute("PING")
             except (RedisError, TimeoutError, OSError) as exc:
-                if self.up:
+                if self._up:
                     log.warning("store_down", error=str(exc) or type(exc).__name__)
-                self._down.set()
+                self._mark_down()
             else:
-                if not self.up:
+                if not self._up:
                     log.info("store_up")
-                self._down.clear()
+                self._up = True
             await asyncio.sleep(self._interval)
 
+    def _mark_down(self) -> None:
+        """Down: every request still waiting on the store is cut loose now."""
+        self._up = False
+        for task in self._guarded - self._cut:
+            self._cut.add(task)
+            task.cancel()
+
     async def guard(self, work: Coroutine[Any, Any, T]) -> T:
-        """Run ``work``; raise :class:`StoreDown` at once if the store is down, or as soon
-        as a probe finds it down while ``work`` waits on it."""
-        if not self.up:
+        """Run ``work`` in the calling task; raise :class:`StoreDown` at once if the store
+        is down, or as soon as a probe finds it down while ``work`` waits on it (the probe
+        cancels the task, as :func:`asyncio.timeout` does, and the cancel becomes
+        ``StoreDown`` here; a cancel from anyone else stays a cancel)."""
+        if not self._up:
             work.close()
             raise StoreDown("pool state store unreachable")
-        task = asyncio.ensure_future(work)
-        down = asyncio.ensure_future(self._down.wait())
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - always called from a task
+            return await work
+        self._guarded.add(task)
         try:
-            await asyncio.wait({task, down}, return_when=asyncio.FIRST_COMPLETED)
+            return await work
+        except asyncio.CancelledError:
+            if task in self._cut and task.uncancel() == 0:
+                raise StoreDown("pool state store stopped answering") from None
+            raise
         finally:
-            down.cancel()
-        if task.done():
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        raise StoreDown("pool state store stopped answering")
+            self._guarded.discard(task)
+            self._cut.discard(task)
