@@ -4,12 +4,19 @@ Asks the pool controller (queue group) for a lease and, on ``wait``, waits for t
 next state-change notification before asking again with the same request id (a timer
 re-asks too, in case a notification was lost). A request that gives up (swap budget
 elapsed, client gone) withdraws from the pool's waiters with ``cancel``.
+
+Per granted request the hot path is one NATS request (acquire) and one publish (release,
+which needs no answer: a release that is lost leaves a lease that expires by its TTL,
+exactly as when its reply would have been lost). Renewals for every held lease come from
+one background task per client, not one per lease: most requests end long before their
+first renewal is due.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Self
@@ -59,6 +66,15 @@ SMALL_TIMEOUT_S = 1.0
 
 
 @dataclass
+class _Held:
+    """A lease this router holds, and when it next asks the controller to renew it."""
+
+    lease: Lease
+    due: float
+    renewing: bool = False
+
+
+@dataclass
 class _PoolSignal:
     generation: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -75,7 +91,10 @@ class NatsActivationClient:
         self._subjects = subjects
         self._router = router
         self._signals: dict[str, _PoolSignal] = {}
-        self._renewals: dict[str, asyncio.Task[None]] = {}
+        self._held: dict[str, _Held] = {}
+        self._renewer: asyncio.Task[None] | None = None
+        self._renewer_wake = asyncio.Event()
+        self._next_renewal = math.inf
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -90,9 +109,11 @@ class NatsActivationClient:
         await self.stop()
 
     async def stop(self) -> None:
-        for task in self._renewals.values():
-            task.cancel()
-        if self._tasks:  # releases and cancels still on their way
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        if self._tasks:  # cancels and renewals still on their way
             await asyncio.wait(self._tasks, timeout=SMALL_TIMEOUT_S * 2)
         if self._sub is not None:
             with contextlib.suppress(NatsError):
@@ -237,51 +258,85 @@ class NatsActivationClient:
             ttl_s=reply.ttl_s,
             valid_until=asked_at + reply.ttl_s,
         )
-        self._renewals[lease.lease_id] = asyncio.get_running_loop().create_task(
-            self._renew_loop(lease)
-        )
+        due = _next_renewal(lease, asyncio.get_running_loop().time())
+        self._held[lease.lease_id] = _Held(lease, due)
+        if self._renewer is None:
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
+        if due < self._next_renewal:
+            self._renewer_wake.set()
         return lease
 
-    async def _renew_loop(self, lease: Lease) -> None:
-        """Renew every ttl/3 and move ``valid_until`` on each confirmed renewal. A refusal,
-        or ``valid_until`` passing unconfirmed (the controller or its store unreachable for
-        a whole TTL, or this loop stalled), means the lease may be gone: set ``lost``."""
+    async def _renew_loop(self) -> None:
+        """Renew each held lease every ttl/3 and move its ``valid_until`` on each confirmed
+        renewal. A refusal, or ``valid_until`` passing unconfirmed (the controller or its
+        store unreachable for a whole TTL, or this loop stalled), means the lease may be
+        gone: set ``lost``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            for held in list(self._held.values()):
+                if held.renewing or held.due > now:
+                    continue
+                if now >= held.lease.valid_until:
+                    self._lose(held.lease)
+                    continue
+                held.renewing = True
+                self._background(loop.create_task(self._renew(held)))
+            waiting = [h.due for h in self._held.values() if not h.renewing]
+            self._next_renewal = min(waiting, default=math.inf)
+            self._renewer_wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(self._next_renewal if waiting else None):
+                    await self._renewer_wake.wait()
+
+    async def _renew(self, held: _Held) -> None:
+        lease = held.lease
         loop = asyncio.get_running_loop()
         message = RenewRequest(pool=lease.pool, member=lease.member, lease_id=lease.lease_id)
-        while True:
-            left = lease.valid_until - loop.time()
-            await asyncio.sleep(max(0.05, min(lease.ttl_s / 3, left / 2)))
-            if loop.time() >= lease.valid_until:
-                break
-            asked_at = loop.time()
-            try:
-                data = await self._request(self._subjects.renew, message, SMALL_TIMEOUT_S)
-                reply = RenewReply.from_bytes(data)
-            except (NatsError, ValidationError) as exc:
-                log.warning("lease_renew_failed", pool=lease.pool, error=type(exc).__name__)
-                continue
-            if reply.ok:
-                lease.valid_until = asked_at + reply.ttl_s
-            elif reply.code is None:
-                break
+        asked_at = loop.time()
+        try:
+            data = await self._request(self._subjects.renew, message, SMALL_TIMEOUT_S)
+            reply: RenewReply | None = RenewReply.from_bytes(data)
+        except (NatsError, ValidationError) as exc:
+            log.warning("lease_renew_failed", pool=lease.pool, error=type(exc).__name__)
+            reply = None
+        finally:
+            held.renewing = False
+        if self._held.get(lease.lease_id) is not held:
+            return  # released meanwhile
+        if reply is not None and reply.ok:
+            lease.valid_until = asked_at + reply.ttl_s
+        elif reply is not None and reply.code is None:
+            self._lose(lease)
+            return
+        held.due = _next_renewal(lease, loop.time())
+        if held.due < self._next_renewal:
+            self._renewer_wake.set()
+
+    def _lose(self, lease: Lease) -> None:
+        self._held.pop(lease.lease_id, None)
         log.error("lease_lost", pool=lease.pool, member=lease.member, lease=lease.lease_id)
         lease.lost.set()
 
     async def release(self, lease: Lease) -> None:
-        """Stop renewing and tell the controller, without holding up the caller's response."""
-        task = self._renewals.pop(lease.lease_id, None)
-        if task is not None:
-            task.cancel()
+        """Stop renewing and tell the controller; a publish, so nothing waits for it."""
+        self._held.pop(lease.lease_id, None)
         message = ReleaseRequest(pool=lease.pool, member=lease.member, lease_id=lease.lease_id)
-        self._background(
-            asyncio.get_running_loop().create_task(self._fire(self._subjects.release, message))
-        )
+        try:
+            await self._nc.publish(self._subjects.release, message.to_bytes())
+        except NatsError as exc:
+            log.warning("pool_message_failed", subject="release", error=type(exc).__name__)
 
     async def report_failure(self, lease: Lease, *, request_id: str, reason: str) -> None:
         message = DispatchFailureReport(
             pool=lease.pool, member=lease.member, request_id=request_id, reason=reason
         )
         await self._fire(self._subjects.report, message)
+
+
+def _next_renewal(lease: Lease, now: float) -> float:
+    """Every ttl/3, sooner as ``valid_until`` nears while renewals go unconfirmed."""
+    return now + max(0.05, min(lease.ttl_s / 3, (lease.valid_until - now) / 2))
 
 
 def _expect_wait(pool: str, reply: IncumbentBusyReply | WaitReply | ErrorReply) -> WaitReply:
