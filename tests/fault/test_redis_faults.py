@@ -46,7 +46,10 @@ async def test_redis_blackholed_fails_closed_and_fast(
     """The controllers' Redis blackholed: no grant and no swap while it lasts (fail
     closed), pooled requests get a fast 503 with Retry-After, a stream already in flight
     finishes cleanly, and an unpooled backend keeps serving; once Redis is back, the pool
-    serves and swaps again."""
+    serves and swaps again. The one exception: a judge request may share the lease the
+    in-flight stream holds on the same router while that lease is proven valid (judge
+    stays resident until it expires, and nobody can swap it meanwhile); once the stream
+    has released it, judge requests fail closed too."""
     stack = make_stack(with_unpooled({"leaseTtl": "6s", "swapBudget": "20s"}))
     proxy = proxies(int(stack.redis_url.rsplit(":", 1)[1].split("/")[0]))
     stack.controller_redis_url = proxy.url("redis", "/0")
@@ -75,11 +78,25 @@ async def test_redis_blackholed_fails_closed_and_fast(
                 )
             await asyncio.sleep(0.1)
         result = await stream
+        started = time.monotonic()
+        after_stream = await chat(router.url, "judge", timeout=30)
+        answers.append(
+            (
+                "judge",
+                after_stream.status_code,
+                time.monotonic() - started,
+                after_stream.headers.get("retry-after"),
+            )
+        )
         proxy.pass_()
     assert result.clean, result
+    assert after_stream.status_code == 503, after_stream.text
+    assert after_stream.headers.get("retry-after")
     pooled = [a for a in answers if a[0] != "plain"]
     assert pooled, answers
-    assert all(status == 503 and retry for _, status, _, retry in pooled), pooled
+    refused = [a for a in pooled if a[0] == "coder" or a[1] != 200]
+    assert all(status == 503 and retry for _, status, _, retry in refused), pooled
+    assert all(a[0] == "judge" for a in pooled if a[1] == 200), pooled  # shared lease only
     slow = [a for a in pooled if a[2] > 2.5]
     assert slow == [], f"pooled requests were not answered fast: {slow}"
     assert all(status == 200 for model, status, _, _ in answers if model == "plain"), answers

@@ -118,7 +118,8 @@ class PoolMetrics:
         )
         self.leases_live = Gauge(
             "hotseat_pool_leases_live",
-            "Live activation leases per member, fleet-wide.",
+            "Live activation leases per member, fleet-wide (a router shares one lease among"
+            " its concurrent requests for a member).",
             ["pool", "member"],
             registry=registry,
         )
@@ -136,7 +137,8 @@ class PoolMetrics:
         )
         self.acquires = Counter(
             "hotseat_pool_acquires_total",
-            "Acquire answers by pool, member and status.",
+            "Acquire answers by pool, member and status (a request that shares its router's"
+            " live lease asks nothing).",
             ["pool", "member", "status"],
             registry=registry,
         )

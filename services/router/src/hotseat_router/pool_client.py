@@ -5,11 +5,21 @@ next state-change notification before asking again with the same request id (a t
 re-asks too, in case a notification was lost). A request that gives up (swap budget
 elapsed, client gone) withdraws from the pool's waiters with ``cancel``.
 
-Per granted request the hot path is one NATS request (acquire) and one publish (release,
-which needs no answer: a release that is lost leaves a lease that expires by its TTL,
-exactly as when its reply would have been lost). Renewals for every held lease come from
-one background task per client, not one per lease: most requests end long before their
-first renewal is due.
+**Shared leases.** While this router holds a live lease on a member, another request for
+that member shares it instead of asking the controller: the lease already keeps the member
+resident and counted busy fleet-wide (no swap can start while it lives), which is all a
+fresh grant would prove, so the contract is unchanged; the lease is released when the
+last request sharing it ends. Busy stays exact (live leases > 0 exactly while some router
+serves the member); the pool's lease count becomes "routers serving", not "requests". A
+lease is shared only while its renewals are on schedule and no request on it reported a
+dispatch failure (the next request then asks the controller, which checks the resident).
+Under load the controller then sees one acquire per burst instead of one per request.
+
+Otherwise the hot path is one NATS request (acquire) and one publish (release, which
+needs no answer: a release that is lost leaves a lease that expires by its TTL, exactly
+as when its reply would have been lost). Renewals for every held lease come from one
+background task per client, not one per lease: most leases end before their first
+renewal is due.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ import asyncio
 import contextlib
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Self
 
 from nats.aio.client import Client as NatsClient
@@ -67,11 +77,31 @@ SMALL_TIMEOUT_S = 1.0
 
 @dataclass
 class _Held:
-    """A lease this router holds, and when it next asks the controller to renew it."""
+    """A lease this router holds: the requests using it (one :class:`Lease` handle each,
+    all sharing ``lost``), its proof of validity, and when it is next renewed."""
 
     lease: Lease
     due: float
+    handles: list[Lease]
     renewing: bool = False
+    shareable: bool = True
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.lease.pool, self.lease.member
+
+    def prove(self, valid_until: float) -> None:
+        self.lease.valid_until = valid_until
+        for handle in self.handles:
+            handle.valid_until = valid_until
+
+    def drop(self, handle: Lease) -> bool:
+        """Forget one request's handle; False if it was already gone (released twice)."""
+        for i, held in enumerate(self.handles):
+            if held is handle:
+                del self.handles[i]
+                return True
+        return False
 
 
 @dataclass
@@ -92,6 +122,7 @@ class NatsActivationClient:
         self._router = router
         self._signals: dict[str, _PoolSignal] = {}
         self._held: dict[str, _Held] = {}
+        self._shared: dict[tuple[str, str], _Held] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._renewer_wake = asyncio.Event()
         self._next_renewal = math.inf
@@ -145,6 +176,9 @@ class NatsActivationClient:
         request_id: str,
         budget_s: float,
     ) -> Lease:
+        shared = self._share(pool, member)
+        if shared is not None:
+            return shared
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget_s
         request = AcquireRequest(
@@ -249,6 +283,19 @@ class NatsActivationClient:
 
     # --- leases -----------------------------------------------------------------------
 
+    def _share(self, pool: str, member: str) -> Lease | None:
+        """A handle on a live lease this router already holds on ``member``, if any."""
+        held = self._shared.get((pool, member))
+        if held is None:
+            return None
+        lease = held.lease
+        left = lease.valid_until - asyncio.get_running_loop().time()
+        if lease.lost.is_set() or not held.shareable or left < lease.ttl_s / 2:
+            return None  # renewals behind schedule or the member in doubt: ask
+        handle = replace(lease)  # its own handle; ``lost`` is the same event
+        held.handles.append(handle)
+        return handle
+
     def _granted(self, pool: str, member: str, reply: Granted, asked_at: float) -> Lease:
         lease = Lease(
             pool=pool,
@@ -259,7 +306,11 @@ class NatsActivationClient:
             valid_until=asked_at + reply.ttl_s,
         )
         due = _next_renewal(lease, asyncio.get_running_loop().time())
-        self._held[lease.lease_id] = _Held(lease, due)
+        held = _Held(lease, due, handles=[lease])
+        self._held[lease.lease_id] = held
+        current = self._shared.get(held.key)
+        if current is None or not current.shareable or current.lease.lost.is_set():
+            self._shared[held.key] = held
         if self._renewer is None:
             self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
         if due < self._next_renewal:
@@ -275,14 +326,16 @@ class NatsActivationClient:
         while True:
             now = loop.time()
             for held in list(self._held.values()):
-                if held.renewing or held.due > now:
+                if held.renewing or held.due > now or held.lease.lost.is_set():
                     continue
                 if now >= held.lease.valid_until:
-                    self._lose(held.lease)
+                    self._lose(held)
                     continue
                 held.renewing = True
                 self._background(loop.create_task(self._renew(held)))
-            waiting = [h.due for h in self._held.values() if not h.renewing]
+            waiting = [
+                h.due for h in self._held.values() if not h.renewing and not h.lease.lost.is_set()
+            ]
             self._next_renewal = min(waiting, default=math.inf)
             self._renewer_wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -302,25 +355,37 @@ class NatsActivationClient:
             reply = None
         finally:
             held.renewing = False
-        if self._held.get(lease.lease_id) is not held:
-            return  # released meanwhile
+        if self._held.get(lease.lease_id) is not held or lease.lost.is_set():
+            return  # released or lost meanwhile
         if reply is not None and reply.ok:
-            lease.valid_until = asked_at + reply.ttl_s
+            held.prove(asked_at + reply.ttl_s)
         elif reply is not None and reply.code is None:
-            self._lose(lease)
+            self._lose(held)
             return
         held.due = _next_renewal(lease, loop.time())
         if held.due < self._next_renewal:
             self._renewer_wake.set()
 
-    def _lose(self, lease: Lease) -> None:
-        self._held.pop(lease.lease_id, None)
+    def _lose(self, held: _Held) -> None:
+        """Renewing stops; the requests on it end, and the last one still releases it."""
+        lease = held.lease
+        if self._shared.get(held.key) is held:
+            del self._shared[held.key]
         log.error("lease_lost", pool=lease.pool, member=lease.member, lease=lease.lease_id)
-        lease.lost.set()
+        lease.lost.set()  # every request sharing it sees it
+
+    def _forget(self, held: _Held) -> None:
+        self._held.pop(held.lease.lease_id, None)
+        if self._shared.get(held.key) is held:
+            del self._shared[held.key]
 
     async def release(self, lease: Lease) -> None:
-        """Stop renewing and tell the controller; a publish, so nothing waits for it."""
-        self._held.pop(lease.lease_id, None)
+        """One request is done with its lease; the last one sharing it tells the controller
+        (a publish, so nothing waits for it). Releasing twice is harmless."""
+        held = self._held.get(lease.lease_id)
+        if held is None or not held.drop(lease) or held.handles:
+            return
+        self._forget(held)
         message = ReleaseRequest(pool=lease.pool, member=lease.member, lease_id=lease.lease_id)
         try:
             await self._nc.publish(self._subjects.release, message.to_bytes())
@@ -328,6 +393,9 @@ class NatsActivationClient:
             log.warning("pool_message_failed", subject="release", error=type(exc).__name__)
 
     async def report_failure(self, lease: Lease, *, request_id: str, reason: str) -> None:
+        held = self._held.get(lease.lease_id)
+        if held is not None:
+            held.shareable = False  # later requests ask the controller, which checks it
         message = DispatchFailureReport(
             pool=lease.pool, member=lease.member, request_id=request_id, reason=reason
         )

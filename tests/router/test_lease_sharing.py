@@ -1,0 +1,159 @@
+"""A router shares a live lease between its requests for the same member, and stops
+sharing it the moment it is in doubt. The controller here is scripted on real NATS, so
+each test sees exactly which acquires, renewals and releases reach it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from hotseat_common.config.model import PoolActivation
+from hotseat_common.messages import (
+    AcquireRequest,
+    DispatchFailureReport,
+    Granted,
+    ReleaseRequest,
+    RenewReply,
+)
+from hotseat_common.subjects import Subjects
+from hotseat_router.activation import Lease
+from hotseat_router.pool_client import NatsActivationClient
+from tests.support.stack import eventually
+
+
+@dataclass
+class ScriptedController:
+    """Grants every acquire a new lease; renewals answered by ``renew_reply``."""
+
+    ttl_s: float = 30.0
+    renew_reply: RenewReply = field(default_factory=lambda: RenewReply(ok=True, ttl_s=30.0))
+    acquires: list[AcquireRequest] = field(default_factory=list)
+    releases: list[ReleaseRequest] = field(default_factory=list)
+    renewals: int = 0
+    reports: int = 0
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    renewed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def on_acquire(self, msg: Msg) -> None:
+        self.acquires.append(AcquireRequest.from_bytes(msg.data))
+        granted = Granted(lease_id=f"lease-{len(self.acquires)}", ttl_s=self.ttl_s, epoch=1)
+        await msg.respond(granted.to_bytes())
+
+    async def on_renew(self, msg: Msg) -> None:
+        self.renewals += 1
+        await msg.respond(self.renew_reply.to_bytes())
+        self.renewed.set()
+
+    async def on_release(self, msg: Msg) -> None:
+        self.releases.append(ReleaseRequest.from_bytes(msg.data))
+        self.released.set()
+
+    async def on_report(self, msg: Msg) -> None:
+        DispatchFailureReport.from_bytes(msg.data)
+        self.reports += 1
+        await msg.respond(b"{}")
+
+
+@pytest.fixture
+async def controller(nc: NatsClient, prefix: str) -> AsyncIterator[ScriptedController]:
+    subjects = Subjects(prefix)
+    scripted = ScriptedController()
+    subs = [
+        await nc.subscribe(subjects.acquire, cb=scripted.on_acquire),
+        await nc.subscribe(subjects.renew, cb=scripted.on_renew),
+        await nc.subscribe(subjects.release, cb=scripted.on_release),
+        await nc.subscribe(subjects.report, cb=scripted.on_report),
+    ]
+    await nc.flush()
+    yield scripted
+    for sub in subs:
+        await sub.unsubscribe()
+
+
+@pytest.fixture
+async def client(nc: NatsClient, prefix: str) -> AsyncIterator[NatsActivationClient]:
+    async with NatsActivationClient(nc, Subjects(prefix), "r1") as activation:
+        yield activation
+
+
+async def acquire(client: NatsActivationClient, request_id: str, member: str = "judge") -> Lease:
+    return await client.acquire(
+        pool="gpu0", member=member, mode=PoolActivation.IF_IDLE, request_id=request_id, budget_s=5
+    )
+
+
+async def test_requests_share_one_lease_released_by_the_last(
+    client: NatsActivationClient, controller: ScriptedController, nc: NatsClient
+) -> None:
+    first = await acquire(client, "q1")
+    second = await acquire(client, "q2")
+    third = await acquire(client, "q3")
+    other = await acquire(client, "q4", member="coder")
+    assert [a.request_id for a in controller.acquires] == ["q1", "q4"]
+    assert first.lease_id == second.lease_id == third.lease_id == "lease-1"
+    assert other.lease_id == "lease-2"
+    await client.release(first)
+    await client.release(first)  # twice: still only one request's share
+    await client.release(second)
+    later = await acquire(client, "q5")  # third still holds it: shared, not asked
+    assert later.lease_id == "lease-1"
+    assert len(controller.acquires) == 2
+    await client.release(third)
+    await client.release(later)
+    await asyncio.wait_for(controller.released.wait(), 5)
+    await client.release(other)
+    await nc.flush()
+    # Released: the next request asks the controller again.
+    fresh = await acquire(client, "q6")
+    assert fresh.lease_id == "lease-3"
+    assert [r.lease_id for r in controller.releases][:1] == ["lease-1"]
+
+
+async def test_a_refused_renewal_ends_every_sharer_and_the_next_request_asks(
+    client: NatsActivationClient, controller: ScriptedController
+) -> None:
+    controller.ttl_s = 0.6  # renewed every 0.2 s
+    controller.renew_reply = RenewReply(ok=False)  # the controller no longer knows it
+    first = await acquire(client, "q1")
+    second = await acquire(client, "q2")
+    await asyncio.wait_for(second.lost.wait(), 5)
+    assert first.lost.is_set()
+    assert first.expired()
+    assert second.expired()
+    third = await acquire(client, "q3")
+    assert third.lease_id == "lease-2"
+    assert not third.lost.is_set()
+
+
+async def test_a_lease_whose_renewals_fall_behind_is_not_shared(
+    client: NatsActivationClient, controller: ScriptedController
+) -> None:
+    """A renewal confirms less than half the TTL: the lease is still valid for the
+    request holding it, but a new request asks the controller instead of sharing it."""
+    controller.ttl_s = 0.9
+    controller.renew_reply = RenewReply(ok=True, ttl_s=0.2)
+    first = await acquire(client, "q1")
+    await asyncio.wait_for(controller.renewed.wait(), 5)
+    await eventually(lambda: _shorter_than(first, 0.45), timeout=5, interval=0.01)
+    second = await acquire(client, "q2")
+    assert second.lease_id == "lease-2"
+
+
+async def test_a_dispatch_failure_stops_sharing(
+    client: NatsActivationClient, controller: ScriptedController
+) -> None:
+    first = await acquire(client, "q1")
+    await client.report_failure(first, request_id="q1", reason="connect refused")
+    assert controller.reports == 1
+    second = await acquire(client, "q2")
+    assert second.lease_id == "lease-2"
+    assert not first.lost.is_set()  # the controller decides whether the member is dead
+
+
+async def _shorter_than(lease: Lease, seconds: float) -> bool:
+    return lease.valid_until - asyncio.get_running_loop().time() < seconds
