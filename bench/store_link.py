@@ -8,7 +8,7 @@ For 1, 8 and 64 concurrent callers on one uvloop event loop, runs a small script
 - :class:`hotseat_pool_controller.redis_link.RedisLink` (one pipelined connection),
 
 and prints calls per second and this process's CPU per call. A private redis-server on
-loopback; nothing is left running. ``docs/adr/0004-store-link.md`` quotes a run.
+loopback; nothing is left running. ``docs/adr/0004-activation-hot-path.md`` quotes a run.
 
 Run: ``.venv/bin/python bench/store_link.py [--calls N]``
 """
