@@ -1,9 +1,13 @@
 """Pool controller benchmark: prints, in one run,
 
 1. acquire+release round trip p50/p99 at 1, 8 and 64 concurrent callers (real NATS,
-   Redis and controller process; the member is resident so every acquire is a grant);
+   Redis and controller process; the member is resident so every acquire is a grant),
+   with the CPU each process spends per pair; then the same through the router's own
+   activation client, which shares a live lease between concurrent requests;
 2. pooled-request throughput through the router as a ratio of unpooled (same sim
-   upstream behind a pooled and an unpooled backend; wrk drives both);
+   upstream behind a pooled and an unpooled backend; wrk drives both, with 1 connection,
+   where every request acquires and releases, and with 8, where requests share leases),
+   and how many acquires reached the controller per pooled request;
 3. IfIdle skip decision latency (incumbent busy -> ``incumbent_busy`` round trip);
 4. swap orchestration overhead: swap time minus the driver's own unload+load time.
 
@@ -40,6 +44,7 @@ from hotseat_common.messages import (
     ReleaseRequest,
 )
 from hotseat_common.subjects import Subjects
+from hotseat_router.pool_client import NatsActivationClient
 
 PREFIX = "bench"
 LOAD_S, UNLOAD_S = 0.5, 0.1
@@ -101,58 +106,80 @@ def summary(samples: list[float]) -> str:
     return f"p50 {ms(pct(samples, 0.5))}  p99 {ms(pct(samples, 0.99))}  (n={len(samples)})"
 
 
+def acquire_request(
+    member: str, mode: PoolActivation = PoolActivation.WAIT, request_id: str | None = None
+) -> AcquireRequest:
+    return AcquireRequest(
+        pool="gpu0",
+        member=member,
+        mode=mode,
+        request_id=request_id or uuid.uuid4().hex,
+        router="bench",
+        deadline=time.time() + 30,
+    )
+
+
+async def ask(nc: Any, subjects: Subjects, request: AcquireRequest) -> Any:
+    response = await nc.request(subjects.acquire, request.to_bytes(), timeout=5)
+    return ACQUIRE_REPLY.validate_json(response.data)
+
+
+async def release(nc: Any, subjects: Subjects, member: str, lease_id: str) -> None:
+    message = ReleaseRequest(pool="gpu0", member=member, lease_id=lease_id)
+    await nc.request(subjects.release, message.to_bytes(), timeout=5)
+
+
 async def acquire_release(nc: Any, subjects: Subjects, concurrency: int, total: int) -> list[float]:
     samples: list[float] = []
 
     async def worker(count: int) -> None:
         for _ in range(count):
-            request = AcquireRequest(
-                pool="gpu0",
-                member="a",
-                mode=PoolActivation.WAIT,
-                request_id=uuid.uuid4().hex,
-                router="bench",
-                deadline=time.time() + 30,
-            )
+            request = acquire_request("a")
             t0 = time.perf_counter()
-            reply = ACQUIRE_REPLY.validate_json(
-                (await nc.request(subjects.acquire, request.to_bytes(), timeout=5)).data
-            )
+            reply = await ask(nc, subjects, request)
             assert isinstance(reply, Granted), reply
-            release = ReleaseRequest(pool="gpu0", member="a", lease_id=reply.lease_id)
-            await nc.request(subjects.release, release.to_bytes(), timeout=5)
+            await release(nc, subjects, "a", reply.lease_id)
             samples.append(time.perf_counter() - t0)
 
     await asyncio.gather(*(worker(total // concurrency) for _ in range(concurrency)))
     return samples
 
 
+async def router_client_pairs(
+    client: NatsActivationClient, concurrency: int, total: int
+) -> list[float]:
+    """Acquire+release as a router request pays it (concurrent requests share a lease)."""
+    samples: list[float] = []
+
+    async def worker(count: int) -> None:
+        for _ in range(count):
+            t0 = time.perf_counter()
+            lease = await client.acquire(
+                pool="gpu0",
+                member="a",
+                mode=PoolActivation.WAIT,
+                request_id=uuid.uuid4().hex,
+                budget_s=30,
+            )
+            await client.release(lease)
+            samples.append(time.perf_counter() - t0)
+            await asyncio.sleep(0)  # let the other requests in, as a real request would
+
+    await asyncio.gather(*(worker(total // concurrency) for _ in range(concurrency)))
+    return samples
+
+
 async def skip_latency(nc: Any, subjects: Subjects, n: int) -> list[float]:
-    hold = AcquireRequest(
-        pool="gpu0", member="a", request_id="holder", router="bench", deadline=time.time() + 60
-    )
-    held = ACQUIRE_REPLY.validate_json(
-        (await nc.request(subjects.acquire, hold.to_bytes(), timeout=5)).data
-    )
+    held = await ask(nc, subjects, acquire_request("a", request_id="holder"))
     assert isinstance(held, Granted)
     samples = []
     for _ in range(n):
-        ask = AcquireRequest(
-            pool="gpu0",
-            member="b",
-            mode=PoolActivation.IF_IDLE,
-            request_id=uuid.uuid4().hex,
-            router="bench",
-            deadline=time.time() + 30,
-        )
+        request = acquire_request("b", PoolActivation.IF_IDLE)
         t0 = time.perf_counter()
-        reply = ACQUIRE_REPLY.validate_json(
-            (await nc.request(subjects.acquire, ask.to_bytes(), timeout=5)).data
-        )
+        reply = await ask(nc, subjects, request)
         samples.append(time.perf_counter() - t0)
         assert isinstance(reply, IncumbentBusyReply), reply
-    release = ReleaseRequest(pool="gpu0", member="a", lease_id=held.lease_id)
-    await nc.request(subjects.release, release.to_bytes(), timeout=5)
+    await release(nc, subjects, "a", held.lease_id)
     return samples
 
 
@@ -166,16 +193,7 @@ async def swap_overhead(nc: Any, subjects: Subjects, swaps: int) -> list[float]:
         events = await nc.subscribe(subjects.pool_events("gpu0"))
         t0 = time.perf_counter()
         while True:
-            ask = AcquireRequest(
-                pool="gpu0",
-                member=member,
-                request_id=request_id,
-                router="bench",
-                deadline=time.time() + 30,
-            )
-            reply = ACQUIRE_REPLY.validate_json(
-                (await nc.request(subjects.acquire, ask.to_bytes(), timeout=5)).data
-            )
+            reply = await ask(nc, subjects, acquire_request(member, request_id=request_id))
             if isinstance(reply, Granted):
                 break
             try:
@@ -184,9 +202,38 @@ async def swap_overhead(nc: Any, subjects: Subjects, swaps: int) -> list[float]:
                 raise RuntimeError(f"no pool event for 10 s after {reply!r}") from None
         samples.append(time.perf_counter() - t0 - LOAD_S - UNLOAD_S)
         await events.unsubscribe()
-        release = ReleaseRequest(pool="gpu0", member=member, lease_id=reply.lease_id)
-        await nc.request(subjects.release, release.to_bytes(), timeout=5)
+        await release(nc, subjects, member, reply.lease_id)
     return samples
+
+
+class CpuMeter:
+    """CPU seconds each named process spent between ``start`` and ``per``."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self._procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self._before: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        return {name: sum(p.cpu_times()[:2]) for name, p in self._procs.items()}
+
+    def start(self) -> None:
+        self._before = self._now()
+
+    def per(self, count: float) -> str:
+        after = self._now()
+        return ", ".join(
+            f"{name} {(after[name] - self._before[name]) / count * 1000:.2f}"
+            for name in self._procs
+        )
+
+
+async def controller_acquires(http: httpx.AsyncClient, url: str) -> float:
+    text = (await http.get(f"{url}/metrics")).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("hotseat_pool_acquires_total{")
+    )
 
 
 def wrk(url: str, model: str, connections: int, seconds: int) -> float:
@@ -264,54 +311,67 @@ async def main() -> None:
             while (await http.get(f"{router.url}/v1/models")).status_code != 200:
                 await asyncio.sleep(0.1)
         # Wait for the default member to be warm.
-        while True:
-            ask = AcquireRequest(
-                pool="gpu0",
-                member="a",
-                request_id="warm",
-                router="bench",
-                deadline=time.time() + 30,
-            )
-            reply = ACQUIRE_REPLY.validate_json(
-                (await nc.request(subjects.acquire, ask.to_bytes(), timeout=5)).data
-            )
-            if isinstance(reply, Granted):
-                await nc.request(
-                    subjects.release,
-                    ReleaseRequest(pool="gpu0", member="a", lease_id=reply.lease_id).to_bytes(),
-                    timeout=5,
-                )
-                break
+        while not isinstance(reply := await ask(nc, subjects, acquire_request("a")), Granted):
             await asyncio.sleep(0.1)
+        await release(nc, subjects, "a", reply.lease_id)
 
         only_swaps = "--swaps-only" in sys.argv
+        cpu = CpuMeter(
+            {
+                "controller": controller.pid,
+                "caller": psutil.Process().pid,
+                "nats": nats_proc.pid,
+                "redis": redis_proc.pid,
+            }
+        )
         print("== acquire+release round trip (grant to the resident, then release)")
-        controller_cpu = psutil.Process(controller.pid)
         for concurrency in () if only_swaps else (1, 8, 64):
             await acquire_release(nc, subjects, concurrency, 64 * 4)  # warm-up
-            cpu_before = sum(controller_cpu.cpu_times()[:2])
+            cpu.start()
             wall = time.perf_counter()
             samples = await acquire_release(nc, subjects, concurrency, 64 * 30)
             wall = time.perf_counter() - wall
-            cpu = (sum(controller_cpu.cpu_times()[:2]) - cpu_before) / len(samples)
             print(
                 f"  {concurrency:>2} concurrent: {summary(samples)}  "
-                f"{len(samples) / wall:.0f} pairs/s  controller CPU {ms(cpu)}/pair"
+                f"{len(samples) / wall:.0f} pairs/s"
             )
+            print(f"      CPU ms per pair: {cpu.per(len(samples))}")
+
+        print("== the same through the router's activation client (leases shared)")
+        async with NatsActivationClient(nc, subjects, "bench") as client:
+            for concurrency in () if only_swaps else (1, 8, 64):
+                await router_client_pairs(client, concurrency, 64 * 4)
+                samples = await router_client_pairs(client, concurrency, 64 * 30)
+                print(f"  {concurrency:>2} concurrent: {summary(samples)}")
 
         print("== IfIdle skip decision (incumbent busy -> incumbent_busy)")
         samples = await skip_latency(nc, subjects, 500)
         print(f"  {summary(samples)}")
 
-        if shutil.which("wrk"):
-            print("== router throughput, pooled vs unpooled (same sim upstream, wrk -c 8, 10 s)")
-            unpooled = wrk(router.url, "unpooled", 8, 10)
-            pooled = wrk(router.url, "pooled", 8, 10)
-            ratio = pooled / unpooled
-            print(f"  unpooled {unpooled:.0f} req/s  pooled {pooled:.0f} req/s  ratio {ratio:.2f}")
-        else:
+        if shutil.which("wrk") and not only_swaps:
+            print("== router throughput, pooled vs unpooled (same sim upstream, wrk, 10 s each)")
+            router_cpu = CpuMeter({"router": router.pid, "controller": controller.pid})
+            async with httpx.AsyncClient() as http:
+                for connections in (1, 8):
+                    unpooled = wrk(router.url, "unpooled", connections, 10)
+                    before = await controller_acquires(http, controller.url)
+                    router_cpu.start()
+                    pooled = wrk(router.url, "pooled", connections, 10)
+                    requests = pooled * 10
+                    per_request = router_cpu.per(requests)
+                    acquires = await controller_acquires(http, controller.url) - before
+                    print(
+                        f"  -c {connections}: unpooled {unpooled:.0f} req/s  pooled {pooled:.0f}"
+                        f" req/s  ratio {pooled / unpooled:.2f}  controller acquires per pooled"
+                        f" request {acquires / requests:.2f}  (pooled CPU ms/req: {per_request})"
+                    )
+        elif not only_swaps:
             print("== router throughput: skipped (wrk not installed: apt-get install wrk)")
 
+        async with httpx.AsyncClient() as http:  # the router's last requests drain first
+            pool_url = f"{controller.url}/v1/pools/gpu0"
+            while sum((await http.get(pool_url)).json()["leases"].values()):
+                await asyncio.sleep(0.05)
         print(
             f"== swap orchestration overhead (swap time minus unload {UNLOAD_S}s + load {LOAD_S}s)"
         )
