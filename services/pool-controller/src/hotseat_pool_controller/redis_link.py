@@ -4,9 +4,10 @@ Every pooled request costs the controller two script calls (grant, release). red
 checks a connection out of its pool, sends, waits for the reply and checks the
 connection back in for each command; measured here, 120-170 µs of CPU per call, the
 largest single cost of an acquire. This link writes commands on one connection without
-waiting for earlier replies, and matches replies in order (Redis answers one connection's commands in the order they
-came), with hiredis parsing: 20-40 µs per call. Commands issued in the same event-loop
-iteration leave in one write, so concurrent requests share syscalls.
+waiting for earlier replies and matches replies in order (Redis answers a connection's
+commands in the order they came), with hiredis parsing: 15-65 µs per call. Commands
+issued in the same event-loop iteration leave in one write, so concurrent requests share
+syscalls.
 docs/adr/0004-activation-hot-path.md has the measurements and the alternatives tried.
 
 Failures, as the store's callers expect them (redis-py's exception types):

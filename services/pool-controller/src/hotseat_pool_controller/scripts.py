@@ -119,9 +119,10 @@ return 1
 RELEASE = (
     _NOW
     + """
--- KEYS: leases, lease-meta, request-leases, state, waiters of every member...
--- Returns {removed, live leases left on the member, phase, live waiters in the pool} so
--- the caller wakes the supervisor only when the release can move the pool.
+-- KEYS: leases, lease-meta, request-leases, state, waiters of every other member...
+-- Returns {removed, live leases left on the member, phase, live waiters for the other
+-- members} so the caller wakes the supervisor only when the release can move the pool
+-- (the member's own waiters are granted when they ask again, not by a release).
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 local meta = redis.call('HGET', KEYS[2], ARGV[1])
 if meta then

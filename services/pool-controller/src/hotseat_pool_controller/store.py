@@ -257,12 +257,13 @@ class PoolStore:
                 self._lease_meta,
                 self._request_leases,
                 self._state,
-                *(m["waiters"] for m in self._member_keys),
+                *(m["waiters"] for m in self._member_keys if m["name"] != member),
             ],
             args=[lease_id],
         )
-        # Only the last lease of a member the pool is draining away from, or one leaving
-        # waiters behind, can let the pool move; other releases need no supervisor tick.
+        # Only the last lease of a member the pool is draining away from, or one that
+        # other members' requests wait behind, can let the pool move; other releases need
+        # no supervisor tick.
         may_move = int(left) == 0 and (phase == Phase.DRAINING.value or int(waiters) > 0)
         return Released(removed=bool(removed), may_move=may_move)
 
