@@ -83,6 +83,12 @@ class PoolStore:
             for m in policy.members
         ]
         self._lease_keys = {m: keys.pool_leases(pool, m) for m in policy.members}
+        # Every key of the pool, declared as KEYS to the scripts that take their key names
+        # in a JSON spec: a script touches only declared keys (Redis Cluster's rule, and
+        # what proxies that route by KEYS rely on); all share the pool's hash tag.
+        self._all_keys = [self._state, self._lease_meta, self._request_leases, self._swap_times]
+        for member in self._member_keys:
+            self._all_keys += [member["leases"], member["waiters"], member["failure"]]
         self._snapshot = LuaScript(scripts.SNAPSHOT)
         self._apply = LuaScript(scripts.APPLY)
         self._renew = LuaScript(scripts.RENEW)
@@ -103,7 +109,7 @@ class PoolStore:
             "lease_keys": self._lease_keys,
             "swap_times": self._swap_times,
         }
-        raw = await self.link.script(self._snapshot, keys=[self._state], args=[orjson.dumps(spec)])
+        raw = await self.link.script(self._snapshot, keys=self._all_keys, args=[orjson.dumps(spec)])
         return _parse_snapshot(orjson.loads(raw))
 
     async def view(self) -> PoolView:
@@ -141,7 +147,7 @@ class PoolStore:
             "pre": pre_spec,
             "ops": [self._encode(op) for op in decision.ops],
         }
-        result = await self.link.script(self._apply, keys=[self._state], args=[orjson.dumps(spec)])
+        result = await self.link.script(self._apply, keys=self._all_keys, args=[orjson.dumps(spec)])
         return Applied(int(result))
 
     async def decide(
@@ -290,7 +296,7 @@ class PoolStore:
             "lease_meta": self._lease_meta,
             "request_leases": self._request_leases,
         }
-        raw = await self.link.script(self._reap, keys=[self._state], args=[orjson.dumps(spec)])
+        raw = await self.link.script(self._reap, keys=self._all_keys, args=[orjson.dumps(spec)])
         expired: list[ExpiredLease] = []
         for item in orjson.loads(raw):
             meta = orjson.loads(item["meta"]) if item.get("meta") else {}
@@ -306,10 +312,7 @@ class PoolStore:
 
     async def reset(self) -> None:
         """Delete every key of this pool (tests and ``unload`` of a broken pool)."""
-        keys = [self._state, self._lease_meta, self._request_leases, self._swap_times]
-        for member in self._member_keys:
-            keys += [member["leases"], member["waiters"], member["failure"]]
-        await self.link.execute("DEL", *keys)
+        await self.link.execute("DEL", *self._all_keys)
 
 
 def _parse_snapshot(raw: dict[str, Any]) -> PoolSnapshot:
