@@ -100,6 +100,26 @@ async def test_slots_count_traffic_that_bypassed_the_router(make_stack: Make) ->
     assert swapped.headers["x-hotseat-backend"] == "coder"
 
 
+async def test_admin_swap_respects_slots_busy_with_bypassing_traffic(make_stack: Make) -> None:
+    """busySignal leasesAndSlots: while a request sent straight to judge runs (no lease),
+    an admin swap is refused with 409 and judge is not unloaded; once it ends, the swap
+    goes ahead."""
+    stack = started(make_stack(pool_stack_config(pool={"busySignal": "leasesAndSlots"})))
+    await stack.wait_resident("judge")
+    swap = f"{stack.controller_url}/v1/pools/gpu0/swap"
+    auth = {"authorization": f"Bearer {stack.admin_token}"}
+    async with httpx.AsyncClient(timeout=10) as client:
+        async with streaming(stack.sims["judge"].url, "judge", max_tokens=40) as stream:
+            refused = await client.post(swap, json={"member": "coder"}, headers=auth)
+            assert refused.status_code == 409, refused.text
+            assert "slots" in refused.text
+            assert await stream == "direct"  # ran to its end on judge, not cut
+        accepted = await client.post(swap, json={"member": "coder"}, headers=auth)
+        assert accepted.status_code == 200, accepted.text
+    await stack.wait_resident("coder")
+    await stack.assert_no_overlap()
+
+
 async def test_long_stream_keeps_its_lease_by_renewal(make_stack: Make) -> None:
     """A stream much longer than the lease TTL stays leased (renewed), so IfIdle keeps
     skipping and no lease expires."""

@@ -12,12 +12,15 @@ from hotseat_pool_controller.state import (
     AcquireAsk,
     AddLease,
     AddWaiter,
+    Decision,
     Phase,
     PoolPolicy,
     PoolSnapshot,
     RequestLease,
     SetState,
     decide_acquire,
+    decide_admin_swap,
+    decide_admin_unload,
     decide_begin_load,
     decide_commit,
     decide_fail,
@@ -246,6 +249,32 @@ def test_slots_are_consulted_before_a_swap_and_fail_closed() -> None:
     assert isinstance(busy.reply, IncumbentBusyReply)
     idle = decide_acquire(s, ask("coder", IF_IDLE), SLOTS, ME, slots_busy=False)
     assert idle.swap is not None
+
+
+@pytest.mark.parametrize("action", ["swap", "unload"])
+def test_admin_swap_and_unload_never_cut_a_busy_incumbent(action: str) -> None:
+    """Live leases refuse an admin swap or unload; under leasesAndSlots the incumbent's
+    /slots is consulted first, and busy slots refuse it too."""
+
+    def admin(s: PoolSnapshot, policy: PoolPolicy, busy: bool | None) -> Decision:
+        if action == "swap":
+            return decide_admin_swap(s, "coder", ME, policy, slots_busy=busy)
+        return decide_admin_unload(s, ME, policy, slots_busy=busy)
+
+    idle = snap(resident="judge")
+    assert admin(idle, POLICY, None).swap is not None  # leases only: no slots asked
+    need = admin(idle, SLOTS, None)
+    assert need.need_idle_check == "judge"
+    assert need.ops == ()
+    busy = admin(idle, SLOTS, True)
+    assert isinstance(busy.reply, ErrorReply)
+    assert busy.reply.code == "incumbent_busy"
+    assert busy.ops == ()
+    assert busy.swap is None
+    assert admin(idle, SLOTS, False).swap is not None
+    leased = admin(snap(resident="judge", leases={"judge": 1}), SLOTS, False)
+    assert isinstance(leased.reply, ErrorReply)
+    assert leased.reply.code == "incumbent_busy"
 
 
 def test_retry_after_comes_from_measured_swaps() -> None:

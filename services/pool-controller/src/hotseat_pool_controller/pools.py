@@ -185,12 +185,14 @@ class PoolRuntime:
 
     async def admin_swap(self, member: str) -> Decision:
         return await self._decide(
-            lambda s, _busy: decide_admin_swap(s, member, self.controller, self.policy)
+            lambda s, busy: decide_admin_swap(
+                s, member, self.controller, self.policy, slots_busy=busy
+            )
         )
 
     async def admin_unload(self) -> Decision:
         return await self._decide(
-            lambda s, _busy: decide_admin_unload(s, self.controller, self.policy)
+            lambda s, busy: decide_admin_unload(s, self.controller, self.policy, slots_busy=busy)
         )
 
     # --- supervision ------------------------------------------------------------------

@@ -757,9 +757,15 @@ def decide_rebuild(snap: PoolSnapshot, ready: tuple[str, ...]) -> Decision:
 
 
 def decide_admin_swap(
-    snap: PoolSnapshot, member: str, controller: str, policy: PoolPolicy
+    snap: PoolSnapshot,
+    member: str,
+    controller: str,
+    policy: PoolPolicy,
+    *,
+    slots_busy: bool | None = None,
 ) -> Decision:
-    """An operator forces ``member`` in. Refused while a swap runs or the incumbent serves."""
+    """An operator forces ``member`` in. Refused while a swap runs or the incumbent serves
+    (live leases, or busy ``/slots`` under ``busySignal: leasesAndSlots``)."""
     if member not in policy.members:
         return Decision(reply=ErrorReply(code="unknown_member", message=f"no member {member!r}"))
     if snap.phase == Phase.UNKNOWN or snap.phase in IN_FLIGHT:
@@ -770,13 +776,9 @@ def decide_admin_swap(
         return Decision(
             reply=WaitReply(reason="swap_in_flight", target=None, epoch=snap.epoch, retry_after_s=0)
         )
-    if snap.live_leases(snap.resident) > 0:
-        return Decision(
-            reply=ErrorReply(
-                code="incumbent_busy",
-                message=f"{snap.resident} holds {snap.live_leases(snap.resident)} live lease(s)",
-            )
-        )
+    refused = _admin_refusal(snap, policy, slots_busy)
+    if refused is not None:
+        return refused
     state, _, order, audit = _start_swap(
         snap, policy, member, controller, forced=True, reason="admin"
     )
@@ -795,12 +797,10 @@ def decide_admin_swap(
     )
 
 
-def decide_admin_unload(snap: PoolSnapshot, controller: str, policy: PoolPolicy) -> Decision:
-    """An operator empties the GPU: unload the resident, then stay cold until demand."""
-    if snap.phase == Phase.UNKNOWN or snap.phase in IN_FLIGHT:
-        return Decision(
-            reply=ErrorReply(code="swap_in_flight", message=f"pool is {snap.phase.value}")
-        )
+def _admin_refusal(
+    snap: PoolSnapshot, policy: PoolPolicy, slots_busy: bool | None
+) -> Decision | None:
+    """Why an admin swap or unload must not cut the incumbent now (None: it may)."""
     if snap.live_leases(snap.resident) > 0:
         return Decision(
             reply=ErrorReply(
@@ -808,6 +808,30 @@ def decide_admin_unload(snap: PoolSnapshot, controller: str, policy: PoolPolicy)
                 message=f"{snap.resident} holds {snap.live_leases(snap.resident)} live lease(s)",
             )
         )
+    if _needs_slots(snap, policy, slots_busy):
+        return Decision(need_idle_check=snap.resident)
+    if slots_busy is True and snap.resident is not None:
+        return Decision(
+            reply=ErrorReply(
+                code="incumbent_busy",
+                message=f"{snap.resident}'s /slots reports requests in progress",
+            )
+        )
+    return None
+
+
+def decide_admin_unload(
+    snap: PoolSnapshot, controller: str, policy: PoolPolicy, *, slots_busy: bool | None = None
+) -> Decision:
+    """An operator empties the GPU: unload the resident, then stay cold until demand.
+    Refused while a swap runs or the incumbent serves, as for an admin swap."""
+    if snap.phase == Phase.UNKNOWN or snap.phase in IN_FLIGHT:
+        return Decision(
+            reply=ErrorReply(code="swap_in_flight", message=f"pool is {snap.phase.value}")
+        )
+    refused = _admin_refusal(snap, policy, slots_busy)
+    if refused is not None:
+        return refused
     epoch = next_epoch(snap)
     busy_guard = (snap.resident,) if snap.resident else ()
     return Decision(
