@@ -116,7 +116,14 @@ async def test_admin_swap_respects_slots_busy_with_bypassing_traffic(make_stack:
             assert await stream == "direct"  # ran to its end on judge, not cut
         accepted = await client.post(swap, json={"member": "coder"}, headers=auth)
         assert accepted.status_code == 200, accepted.text
-    await stack.wait_resident("coder")
+        await stack.wait_resident("coder")
+        # force: the operator's way past a member whose /slots stays busy.
+        async with streaming(stack.sims["coder"].url, "coder", max_tokens=40):
+            unload = f"{stack.controller_url}/v1/pools/gpu0/unload"
+            assert (await client.post(unload, headers=auth)).status_code == 409
+            forced = await client.post(unload, json={"force": True}, headers=auth)
+            assert forced.status_code == 200, forced.text
+    await stack.wait_resident(None)  # type: ignore[arg-type]
     await stack.assert_no_overlap()
 
 

@@ -160,7 +160,9 @@ async def test_forced_swap_from_a_hung_member_loads_the_next_only_once_it_is_kil
     ):
         began = time.monotonic()
         forced = await client.post(
-            f"{stack.controller_url}/v1/pools/{POOL}/swap", json={"member": "large"}, headers=admin
+            f"{stack.controller_url}/v1/pools/{POOL}/swap",
+            json={"member": "large", "force": True},  # small's /slots is busy on purpose
+            headers=admin,
         )
         assert forced.status_code == 200, forced.text
         await stack.wait_resident("large", pool=POOL, timeout=30)
@@ -283,7 +285,11 @@ async def test_unloading_a_member_serving_a_stream_escalates_without_hanging(
         httpx.AsyncClient(timeout=5, trust_env=False) as client,
     ):
         began = time.monotonic()
-        forced = await client.post(f"{stack.controller_url}/v1/pools/{POOL}/unload", headers=admin)
+        forced = await client.post(
+            f"{stack.controller_url}/v1/pools/{POOL}/unload",
+            json={"force": True},  # large's /slots is busy on purpose
+            headers=admin,
+        )
         assert forced.status_code == 200, forced.text
         slowest = 0.0
         while True:

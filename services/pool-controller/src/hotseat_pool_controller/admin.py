@@ -14,9 +14,15 @@ from hotseat_pool_controller.pools import PoolRuntime
 from hotseat_pool_controller.state import Decision
 
 
-class SwapBody(BaseModel):
+class UnloadBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    force: bool = False
+    """Skip the incumbent's ``/slots`` check (``busySignal: leasesAndSlots``), for a member
+    whose slots stay busy (hung); live leases still refuse the action."""
+
+
+class SwapBody(UnloadBody):
     member: str
 
 
@@ -72,13 +78,16 @@ def admin_router(pools: Mapping[str, PoolRuntime], token: SecretStr | None) -> A
         pool = pool_or_404(name)
         if body.member not in pool.policy.members:
             raise HTTPException(404, f"pool {name!r} has no member {body.member!r}")
-        return _result(name, await pool.admin_swap(body.member))
+        return _result(name, await pool.admin_swap(body.member, force=body.force))
 
     @router.post("/{name}/unload")
     async def force_unload(
-        name: str, authorization: Annotated[str | None, Header()] = None
+        name: str,
+        body: UnloadBody | None = None,
+        authorization: Annotated[str | None, Header()] = None,
     ) -> ActionResult:
         _authorize(token, authorization)
-        return _result(name, await pool_or_404(name).admin_unload())
+        force = body.force if body is not None else False
+        return _result(name, await pool_or_404(name).admin_unload(force=force))
 
     return router

@@ -183,16 +183,19 @@ class PoolRuntime:
         log.warning("dispatch_failure_reported", pool=self.name, member=member, reason=reason)
         await self.check_resident(threshold=1)
 
-    async def admin_swap(self, member: str) -> Decision:
+    async def admin_swap(self, member: str, *, force: bool = False) -> Decision:
+        """``force``: do not consult the incumbent's /slots (its leases still count)."""
         return await self._decide(
             lambda s, busy: decide_admin_swap(
-                s, member, self.controller, self.policy, slots_busy=busy
+                s, member, self.controller, self.policy, slots_busy=False if force else busy
             )
         )
 
-    async def admin_unload(self) -> Decision:
+    async def admin_unload(self, *, force: bool = False) -> Decision:
         return await self._decide(
-            lambda s, busy: decide_admin_unload(s, self.controller, self.policy, slots_busy=busy)
+            lambda s, busy: decide_admin_unload(
+                s, self.controller, self.policy, slots_busy=False if force else busy
+            )
         )
 
     # --- supervision ------------------------------------------------------------------
