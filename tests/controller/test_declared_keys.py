@@ -5,14 +5,13 @@ real Redis with ``redis.call`` wrapped to refuse any key that was not declared."
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, settings
 from redis.exceptions import ResponseError
 
 from hotseat.launcher import Managed
 from hotseat_common.keys import Keys
 from hotseat_pool_controller.redis_link import LuaScript, RedisLink
 from hotseat_pool_controller.store import PoolStore
-from tests.controller.test_stateful import POLICY, ControllerMachine
+from tests.controller.test_stateful import POLICY, ControllerMachine, run_to_quiescence
 
 SCRIPTS = ("_snapshot", "_apply", "_renew", "_release", "_reap", "_grant_fast", "_cancel")
 
@@ -72,14 +71,4 @@ def test_every_transition_touches_only_declared_keys(redis_server: Managed) -> N
             super().__init__()
             refuse_undeclared_keys(self.store)
 
-        def teardown(self) -> None:
-            self.quiesce()
-            super().teardown()
-
-    Declared.TestCase.settings = settings(
-        max_examples=20,
-        stateful_step_count=30,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-    Declared.TestCase().runTest()
+    run_to_quiescence(Declared, examples=20, steps=30)
