@@ -108,36 +108,33 @@ class ActivationHandlers:
                 # Every attempt lost a race: answer like an unavailable store (fail closed,
                 # the router retries after Retry-After) instead of leaving it to time out.
                 log.warning("decision_contended", subject=msg.subject, error=str(exc))
-                reply = ErrorReply(
-                    code="controller_unavailable",
-                    message="pool state contended; retry shortly",
-                    retry_after_s=UNAVAILABLE_RETRY_AFTER_S,
+                reply, headers = self._unavailable(
+                    msg.subject, "pool state contended; retry shortly", "pool state contended"
                 )
-                if msg.subject == self._subjects.renew:
-                    reply = RenewReply(ok=False, code="controller_unavailable")
-                headers = {
-                    "Nats-Service-Error": "pool state contended",
-                    "Nats-Service-Error-Code": "503",
-                }
             except RedisError as exc:
                 log.warning("store_unreachable", subject=msg.subject, error=str(exc))
-                reply = ErrorReply(
-                    code="controller_unavailable",
-                    message="pool state store unreachable",
-                    retry_after_s=UNAVAILABLE_RETRY_AFTER_S,
+                reply, headers = self._unavailable(
+                    msg.subject, "pool state store unreachable", "store unreachable"
                 )
-                if msg.subject == self._subjects.renew:
-                    reply = RenewReply(ok=False, code="controller_unavailable")
-                headers = {
-                    "Nats-Service-Error": "store unreachable",
-                    "Nats-Service-Error-Code": "503",
-                }
             if not msg.reply:
                 return
             try:
                 await self._nc.publish(msg.reply, reply.to_bytes(), headers=headers)
             except NatsError as exc:
                 log.warning("reply_failed", subject=msg.subject, error=type(exc).__name__)
+
+    def _unavailable(
+        self, subject: str, message: str, header: str
+    ) -> tuple[WireModel, dict[str, str]]:
+        """The fail-closed answer while the store cannot decide: retry after a second."""
+        reply: WireModel = ErrorReply(
+            code="controller_unavailable",
+            message=message,
+            retry_after_s=UNAVAILABLE_RETRY_AFTER_S,
+        )
+        if subject == self._subjects.renew:
+            reply = RenewReply(ok=False, code="controller_unavailable")
+        return reply, {"Nats-Service-Error": header, "Nats-Service-Error-Code": "503"}
 
     def _pool(self, name: str) -> PoolRuntime | None:
         return self._pools.get(name)
