@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # One image for every Hotseat entry point: hotseat-router, hotseat-controller,
 # hotseat-audit, hotseat-sim and the hotseat CLI. Build from the repository root:
 #
@@ -10,7 +9,9 @@
 # into a slim image and runs as an unprivileged user. `controller-llama` (used by
 # compose.gpu.yaml) is the controller with llama.cpp's CUDA server for the process driver.
 
+# Base images: arguments used in a FROM line must come before the first FROM.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG LLAMA_IMAGE=ghcr.io/ggml-org/llama.cpp:server-cuda
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
@@ -70,7 +71,6 @@ CMD ["hotseat", "--help"]
 # runtime image plus llama.cpp's CUDA server build and the CUDA libraries it links
 # (taken from llama.cpp's own image, built on an older glibc than this one). The NVIDIA
 # container toolkit provides the driver at run time.
-ARG LLAMA_IMAGE=ghcr.io/ggml-org/llama.cpp:server-cuda
 FROM ${LLAMA_IMAGE} AS llama
 
 FROM runtime AS controller-llama
