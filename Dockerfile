@@ -14,6 +14,11 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG LLAMA_IMAGE=ghcr.io/ggml-org/llama.cpp:server-cuda
 
 FROM ${PYTHON_IMAGE} AS build
+# A package index other than PyPI's (a mirror or a proxy): pass these as build arguments.
+# They exist in this stage only; the runtime image never sees them.
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_TRUSTED_HOST
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -43,7 +48,8 @@ COPY examples examples
 RUN /opt/hotseat/bin/pip install --no-deps \
         ./libs/common ./services/router ./services/pool-controller ./services/audit \
         ./services/sim . \
-    && /opt/hotseat/bin/hotseat check-config examples/hotseat.yaml
+    && /opt/hotseat/bin/hotseat check-config examples/hotseat.yaml \
+    && /opt/hotseat/bin/pip uninstall --yes --quiet pip setuptools
 
 
 FROM ${PYTHON_IMAGE} AS runtime
