@@ -85,20 +85,25 @@ def plain(value: Any) -> Any:
     return None if isinstance(value, _Reset) else value
 
 
-def merge(base: Any, override: Any) -> Any:
+MERGED_LISTS = frozenset({"volumes", "ports", "devices", "secrets", "configs", "expose"})
+"""Lists that an override adds to (by target); any other list (``command``, a health
+check's ``test``, ...) it replaces."""
+
+
+def merge(base: Any, override: Any, key: str = "") -> Any:
     """Compose's merge of an override file: mappings merge, mount and port lists merge by
-    their target, ``!override`` replaces, ``!reset`` removes."""
+    their target, other lists are replaced, ``!override`` replaces, ``!reset`` removes."""
     if isinstance(override, _Override):
         return plain(override.value)
     if isinstance(base, dict) and isinstance(override, dict):
         out = dict(base)
-        for key, value in override.items():
+        for name, value in override.items():
             if isinstance(value, _Reset):
-                out.pop(key, None)
+                out.pop(name, None)
             else:
-                out[key] = merge(out[key], value) if key in out else plain(value)
+                out[name] = merge(out[name], value, name) if name in out else plain(value)
         return out
-    if isinstance(base, list) and isinstance(override, list):
+    if isinstance(base, list) and isinstance(override, list) and key in MERGED_LISTS:
         merged = {_target(v): v for v in base}
         merged.update({_target(v): plain(v) for v in override})
         return list(merged.values())
