@@ -57,3 +57,10 @@ docs: install
 ## Regenerate the metrics and audit-event references in docs/ from the code.
 docs-reference: install
 	$(BIN)/python -m tests.docs.reference
+
+.PHONY: compose-test
+
+## Build the image and run compose.yaml under a real Docker engine, then check it as a user
+## would (docs/getting-started.md); starts a private dockerd when none answers.
+compose-test: install
+	$(BIN)/python -m deploy.compose_test $(COMPOSE_TEST_ARGS)
