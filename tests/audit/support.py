@@ -11,7 +11,6 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
-from nats.js.errors import NotFoundError
 
 from hotseat_audit.store import parse_dsn
 from hotseat_common.messages.audit import AuditEvent, PoolOutcome, RequestOutcome
@@ -111,19 +110,3 @@ async def wait_for_rows(dsn: str, expected: int, *, timeout: float = 60) -> None
         return (await counts(dsn))[0] >= expected
 
     await wait_until(done, timeout=timeout, what=f"{expected} rows")
-
-
-async def wait_consumed(
-    js: JetStreamContext, stream: str, consumer: str, last_seq: int, *, timeout: float = 60
-) -> None:
-    """Wait until the consumer's ack floor reaches ``last_seq``: rows are committed before
-    acks, so every message up to it is in the store."""
-
-    async def done() -> bool:
-        try:
-            info = await js.consumer_info(stream, consumer, timeout=2)
-        except (NotFoundError, TimeoutError):  # not created yet, or a slow reply
-            return False
-        return info.ack_floor is not None and (info.ack_floor.stream_seq or 0) >= last_seq
-
-    await wait_until(done, timeout=timeout, what=f"{consumer} to ack stream seq {last_seq}")

@@ -21,7 +21,8 @@ from hotseat_common.audit_stream import AuditStreamSpec, ensure_audit_stream
 from hotseat_common.messages.audit import AuditEvent, PoolOutcome, RequestOutcome
 from hotseat_common.subjects import AUDIT_DURABLE, Subjects
 from tests.audit.conftest import stream_name
-from tests.audit.support import T0, publish_events, wait_consumed
+from tests.audit.support import T0, publish_events
+from tests.support.audit_trail import wait_consumed
 from tests.support.infra import unique_prefix
 
 REQUEST_OUTCOMES = [

@@ -18,7 +18,8 @@ from hotseat_common.audit_stream import AuditStreamSpec, ensure_audit_stream
 from hotseat_common.messages.audit import PoolOutcome
 from hotseat_common.subjects import AUDIT_DURABLE, Subjects
 from tests.audit.conftest import AuditFactory, stream_name
-from tests.audit.support import T0, pool_event, publish_events, request_events, wait_consumed
+from tests.audit.support import T0, pool_event, publish_events, request_events
+from tests.support.audit_trail import wait_consumed
 
 
 @pytest.fixture

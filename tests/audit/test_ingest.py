@@ -27,9 +27,9 @@ from tests.audit.support import (
     raw_rows,
     request_events,
     stored_ids,
-    wait_consumed,
     wait_until,
 )
+from tests.support.audit_trail import wait_consumed
 
 
 async def _make_stream(nc: NatsClient, prefix: str, **limits: float) -> Subjects:

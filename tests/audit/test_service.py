@@ -28,9 +28,9 @@ from tests.audit.support import (
     raw_rows,
     request_events,
     stored_ids,
-    wait_consumed,
     wait_until,
 )
+from tests.support.audit_trail import wait_consumed
 
 
 def test_dsn_comes_from_hotseat_audit_dsn_and_the_dsn_flag(

@@ -12,6 +12,7 @@ import httpx
 from hotseat.launcher import find_binary
 from tests.controller.test_activation_e2e import chat, loads, started, streaming
 from tests.support.stack import Stack, pool_stack_config
+from tests.support.waiting import eventually
 
 Make = Callable[[dict[str, Any]], Stack]
 
@@ -46,7 +47,7 @@ async def test_admin_reads_and_forced_swaps(make_stack: Make) -> None:
         unload = await client.post(f"{base}/gpu0/unload", headers=auth)
         assert unload.status_code == 200, unload.text
         await stack.wait_resident(None)  # type: ignore[arg-type]
-    timeline = await stack.assert_no_overlap()
+    timeline = await stack.judged_ledger()
     assert timeline[-1].event == "unloaded"
 
 
@@ -96,8 +97,11 @@ async def test_slots_count_traffic_that_bypassed_the_router(make_stack: Make) ->
         response = await chat(url, "either")
         assert response.headers["x-hotseat-backend"] == "judge"
     assert loads(await stack.ledger(), "coder") == []
+    # The stream's end reaches the client a moment before the sim frees its slot.
+    await stack.wait_slots_idle("judge")
     swapped = await chat(url, "either")
     assert swapped.headers["x-hotseat-backend"] == "coder"
+    await stack.assert_invariants()
 
 
 async def test_admin_swap_respects_slots_busy_with_bypassing_traffic(make_stack: Make) -> None:
@@ -114,6 +118,7 @@ async def test_admin_swap_respects_slots_busy_with_bypassing_traffic(make_stack:
             assert refused.status_code == 409, refused.text
             assert "slots" in refused.text
             assert await stream == "direct"  # ran to its end on judge, not cut
+        await stack.wait_slots_idle("judge")
         accepted = await client.post(swap, json={"member": "coder"}, headers=auth)
         assert accepted.status_code == 200, accepted.text
         await stack.wait_resident("coder")
@@ -124,7 +129,7 @@ async def test_admin_swap_respects_slots_busy_with_bypassing_traffic(make_stack:
             forced = await client.post(unload, json={"force": True}, headers=auth)
             assert forced.status_code == 200, forced.text
     await stack.wait_resident(None)  # type: ignore[arg-type]
-    await stack.assert_no_overlap()
+    await stack.assert_invariants()
 
 
 async def test_long_stream_keeps_its_lease_by_renewal(make_stack: Make) -> None:
@@ -133,10 +138,20 @@ async def test_long_stream_keeps_its_lease_by_renewal(make_stack: Make) -> None:
     stack = started(make_stack(pool_stack_config()))
     url = stack.routers[0].url
     await stack.wait_resident("judge")
-    async with streaming(url, "judge", max_tokens=120) as stream:  # 6 s, TTL 2 s
-        await asyncio.sleep(4.5)  # past two TTLs: only renewals keep the lease alive
-        assert (await stack.pool())["leases"]["judge"] == 1
+    ttl_ms = 2000
+    async with streaming(url, "judge", max_tokens=200) as stream:  # 10 s, TTL 2 s
+        [(lease, granted_expiry)] = (await stack.lease_expiries("judge")).items()
+
+        async def renewed_twice_over() -> bool:
+            # Each renewal sets the expiry to the store's now + TTL: an expiry two TTLs
+            # past the granted one means the lease outlived that expiry by a whole TTL.
+            expiry = (await stack.lease_expiries("judge")).get(lease)
+            return expiry is not None and expiry >= granted_expiry + 2 * ttl_ms
+
+        await eventually(renewed_twice_over, timeout=30, interval=0.1)
+        assert list(await stack.lease_expiries("judge")) == [lease]
         response = await chat(url, "either")
         assert response.headers["x-hotseat-backend"] == "judge"
         assert await stream == "judge"
-    assert [e for e in await stack.audit() if e["outcome"] == "lease_expired"] == []
+    assert [e for e in await stack.settled_audit() if e["outcome"] == "lease_expired"] == []
+    await stack.assert_invariants()

@@ -25,10 +25,10 @@ from tests.audit.support import (
     publish_raw,
     raw_rows,
     request_events,
-    wait_consumed,
     wait_until,
 )
 from tests.fault.conftest import StartProxy
+from tests.support.audit_trail import wait_consumed
 from tests.support.faultproxy import DOWN, UP, seen
 from tests.support.procs import freeze, kill
 

@@ -17,7 +17,8 @@ from tests.fault.conftest import MakeFaultStack, StartProxy
 from tests.support.clients import chat
 from tests.support.faultproxy import DOWN, UP, seen
 from tests.support.faultstack import FaultStack
-from tests.support.stack import eventually, pool_stack_config
+from tests.support.stack import pool_stack_config
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.fault
 

@@ -13,10 +13,11 @@ import pytest
 from hotseat.launcher import Managed, free_port, start_nats
 from tests.audit.support import raw_rows
 from tests.fault.conftest import MakeFaultStack
+from tests.support.audit_trail import audit_publishing
 from tests.support.clients import chat
-from tests.support.faultstack import audit_publishing
 from tests.support.procs import kill
-from tests.support.stack import eventually, pool_stack_config
+from tests.support.stack import pool_stack_config
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.fault
 

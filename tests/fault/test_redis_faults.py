@@ -20,7 +20,8 @@ from tests.fault.conftest import MakeFaultStack, StartProxy
 from tests.support.clients import chat, live_stream
 from tests.support.faultstack import FaultStack
 from tests.support.procs import kill
-from tests.support.stack import eventually, pool_stack_config
+from tests.support.stack import pool_stack_config
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.fault
 

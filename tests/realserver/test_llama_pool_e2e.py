@@ -33,7 +33,8 @@ from tests.realserver.support import (
     slots_busy,
     streaming,
 )
-from tests.support.stack import Stack, eventually
+from tests.support.stack import Stack
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.realserver
 

@@ -23,7 +23,7 @@ from hotseat_common.messages import (
 from hotseat_common.subjects import Subjects
 from hotseat_router.activation import Lease
 from hotseat_router.pool_client import NatsActivationClient
-from tests.support.stack import eventually
+from tests.support.waiting import eventually
 
 
 @dataclass

@@ -236,6 +236,9 @@ async def test_admin_actions_refuse_without_the_admin_token(admin_stack: Stack) 
     scheme get 401 and change nothing; reads need no token; the right token works."""
     url = admin_stack.controllers["c1"].url
     token = admin_stack.admin_token
+    # Until the controller has derived the pool's state it refuses every admin action
+    # with 409, the right token included: the checks below need the pool known.
+    await admin_stack.wait_pool_known()
     actions = [("/v1/pools/gpu0/swap", {"member": "coder"}), ("/v1/pools/gpu0/unload", None)]
     bad = [None, "Bearer", "Bearer wrong", f"Bearer {token}x", f"Basic {token}", token]
     async with httpx.AsyncClient(base_url=url, timeout=10) as client:

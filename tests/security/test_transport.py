@@ -25,10 +25,12 @@ from hotseat.launcher import (
 )
 from tests.audit.support import raw_rows
 from tests.security.conftest import ADMIN_TOKEN, CLIENT_KEY, UPSTREAM_KEY
+from tests.support.audit_trail import publishers_flushed
 from tests.support.clients import chat_body
 from tests.support.faultstack import FaultStack
-from tests.support.stack import eventually, pool_stack_config
+from tests.support.stack import pool_stack_config
 from tests.support.tls import TlsFiles, make_tls
+from tests.support.waiting import eventually
 
 NATS_USER = "hotseat"
 NATS_PASSWORD = "nats-pw-5d2c7e91b0"
@@ -136,11 +138,16 @@ async def test_full_run_over_tls_nats_and_password_redis_logs_no_secret(
             )
             assert wrong.status_code == 401
 
-        async def stored() -> bool:
-            rows = await raw_rows(dsn, "SELECT outcome FROM audit_events WHERE kind='request'")
-            return len(rows) >= 4
+        # The audit rows are searched for secrets below: wait for all of them, every
+        # event each publisher emitted (its buffer empty) stored, not merely the first few.
+        published = (await publishers_flushed(stack.publishers()))["published"]
+        assert published >= 4, published  # four requests at least, each with its event
 
-        await eventually(stored, timeout=20, interval=0.3)
+        async def stored() -> bool:
+            rows = await raw_rows(dsn, "SELECT count(*) FROM audit_events")
+            return int(rows[0][0]) >= published  # type: ignore[call-overload]
+
+        await eventually(stored, timeout=30, interval=0.1)
     finally:
         stack.stop()
     logs = sorted(stack.workdir.glob("*.log"))

@@ -13,11 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import redis.asyncio as aioredis
 
 from hotseat.launcher import Managed, free_port, start_service
-from hotseat_common.keys import Keys
-from tests.support.oracle import Verdict, judge_gpu
 from tests.support.stack import Stack
 
 
@@ -133,22 +130,9 @@ class FaultStack(Stack):
 
     # --- observation ------------------------------------------------------------------
 
-    async def state_hash(self, pool: str = "gpu0") -> dict[str, str]:
-        url = self.controller_redis_url or self.redis_url
-        client: aioredis.Redis = aioredis.from_url(url, decode_responses=True)
-        try:
-            raw = await client.hgetall(Keys(self.prefix).pool_state(pool))
-            return {str(k): str(v) for k, v in raw.items()}
-        finally:
-            await client.aclose()
-
-    async def verdict(self, gpu: str = "gpu0") -> Verdict:
-        return await judge_gpu(self.redis_url, self.prefix, gpu)
-
-    async def assert_invariants(self, gpu: str = "gpu0") -> Verdict:
-        verdict = await self.verdict(gpu)
-        assert verdict.ok, f"ledger of {gpu} violates the invariants: {verdict}"
-        return verdict
+    @property
+    def store_url(self) -> str:
+        return self.controller_redis_url or self.redis_url
 
     async def pool_via(self, controller: str, name: str = "gpu0") -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=5) as client:
@@ -156,27 +140,3 @@ class FaultStack(Stack):
             response.raise_for_status()
             result: dict[str, Any] = response.json()
             return result
-
-
-async def metric_total(url: str, name: str) -> float:
-    """The sum of every sample of ``name`` on ``url``/metrics (0 when absent)."""
-    async with httpx.AsyncClient(timeout=5) as client:
-        text = (await client.get(f"{url}/metrics")).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith((name + "{", name + " ")):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-async def audit_publishing(procs: list[Managed]) -> dict[str, float]:
-    """Audit events published (acknowledged by JetStream), still buffered and dropped,
-    summed over ``procs`` (routers and controllers)."""
-    totals = {"published": 0.0, "buffered": 0.0, "dropped": 0.0}
-    for proc in procs:
-        if not proc.alive():
-            continue
-        totals["published"] += await metric_total(proc.url, "hotseat_audit_events_published_total")
-        totals["buffered"] += await metric_total(proc.url, "hotseat_audit_events_buffered")
-        totals["dropped"] += await metric_total(proc.url, "hotseat_audit_events_dropped_total")
-    return totals

@@ -99,17 +99,19 @@ class SimHandle:
             "/control/unload", json={} if epoch is None else {"epoch": epoch}
         )
 
-    async def wait_for_state(self, *states: str, timeout: float = 5.0) -> dict[str, Any]:
-        """Poll ``/control/state`` (the sim offers no event over HTTP) until it is one of
-        ``states``; fail after ``timeout``."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            state = await self.state()
-            if state["state"] in states:
-                return state
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"{self.member} stayed {state} instead of {states}")
-            await asyncio.sleep(0.01)
+    async def wait_for_state(self, *states: str, timeout: float = 20.0) -> dict[str, Any]:
+        """Until the model is in one of ``states``: the long poll ``/control/state?until=``
+        answers at the transition; fail if ``timeout`` passes first."""
+        response = await self.http.get(
+            "/control/state",
+            params={"until": ",".join(states), "timeout": timeout},
+            timeout=timeout + 10,
+        )
+        response.raise_for_status()
+        state: dict[str, Any] = response.json()
+        if state["state"] not in states:
+            raise AssertionError(f"{self.member} stayed {state} instead of {states}")
+        return state
 
     async def stop(self) -> None:
         if not self.task.done():
@@ -178,15 +180,22 @@ async def wait_for_timeline(
     gpu: str,
     predicate: Callable[[list[LedgerEntry]], bool],
     *,
-    timeout: float = 5.0,
+    timeout: float = 20.0,
 ) -> list[LedgerEntry]:
-    """The ledger of ``gpu`` once ``predicate`` holds (sims append asynchronously)."""
-    deadline = asyncio.get_running_loop().time() + timeout
+    """The ledger of ``gpu`` once ``predicate`` holds (sims append asynchronously): each
+    miss blocks on the ledger stream (``XREAD BLOCK``) until its next entry arrives."""
+    stream = keys.sim_ledger(gpu)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     while True:
+        newest = await redis.xrevrange(stream, count=1)
+        last_id = newest[0][0] if newest else "0-0"
         timeline = await read_timeline(redis, keys, gpu)
         if predicate(timeline):
             return timeline
-        if asyncio.get_running_loop().time() > deadline:
+        left = deadline - loop.time()
+        if left <= 0:
             events = [(e.event.value, e.member, dict(e.fields)) for e in timeline]
             raise AssertionError(f"ledger of {gpu} never matched: {events}")
-        await asyncio.sleep(0.01)
+        # Entries after last_id wake this at once, including any read_timeline just saw.
+        await redis.xread({stream: last_id}, count=1, block=max(1, int(min(left, 1.0) * 1000)))

@@ -3,23 +3,21 @@ subprocesses on free ports, sharing the session's NATS and Redis under a unique 
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
-import orjson
 import redis.asyncio as aioredis
 import yaml
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from hotseat.launcher import Managed, free_port, start_service
 from hotseat_common.keys import Keys
-from hotseat_sim.timeline import LedgerEntry, overlaps, read_timeline
+from hotseat_sim.timeline import LedgerEntry, read_timeline
+from tests.support.audit_trail import publishers_flushed, stream_events
+from tests.support.oracle import Verdict, judge_gpu
+from tests.support.waiting import eventually
 
 FAST_TIMINGS = {
     "HOTSEAT_LOG_LEVEL": "info",
@@ -28,20 +26,6 @@ FAST_TIMINGS = {
     "HOTSEAT_HEARTBEAT_TTL": "1.0",
     "HOTSEAT_SHUTDOWN_GRACE": "3",
 }
-
-
-async def eventually(
-    check: Callable[[], Awaitable[Any]], *, timeout: float = 10.0, interval: float = 0.05
-) -> Any:
-    """Poll ``check`` until it returns a truthy value (for state no event announces)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
 
 
 @dataclass
@@ -157,13 +141,86 @@ class Stack:
 
         await eventually(resident, timeout=timeout)
 
+    async def wait_pool_known(self, pool: str = "gpu0", timeout: float = 15) -> dict[str, Any]:
+        """Until a live controller has derived ``pool``'s state (phase no longer
+        ``unknown``): before that it refuses admin actions (409) and holds acquires. A
+        controller's /readyz covers NATS and its store, not this."""
+
+        async def known() -> dict[str, Any] | None:
+            state = await self.pool(pool)
+            return state if state["phase"] != "unknown" else None
+
+        result: dict[str, Any] = await eventually(known, timeout=timeout)
+        return result
+
     async def state_hash(self, pool: str = "gpu0") -> dict[str, str]:
-        client: aioredis.Redis = aioredis.from_url(self.redis_url, decode_responses=True)
+        client: aioredis.Redis = aioredis.from_url(self.store_url, decode_responses=True)
         try:
             result: dict[str, str] = await client.hgetall(Keys(self.prefix).pool_state(pool))
             return result
         finally:
             await client.aclose()
+
+    @property
+    def store_url(self) -> str:
+        """The Redis the controllers keep the pool state in."""
+        return self.redis_url
+
+    async def _scores(self, key: str) -> dict[str, float]:
+        client: aioredis.Redis = aioredis.from_url(self.store_url, decode_responses=True)
+        try:
+            pairs = await client.zrange(key, 0, -1, withscores=True)
+        finally:
+            await client.aclose()
+        return {str(name): float(score) for name, score in pairs}
+
+    async def lease_expiries(self, member: str, pool: str = "gpu0") -> dict[str, float]:
+        """The live leases on ``member``: lease id -> expiry (ms, store clock). A renewal
+        moves a lease's expiry forward; the reaper removes it once the expiry passes."""
+        return await self._scores(Keys(self.prefix).pool_leases(pool, member))
+
+    async def waiter_deadlines(self, member: str, pool: str = "gpu0") -> dict[str, float]:
+        """Requests held for ``member``: request id -> hold deadline (ms, store clock)."""
+        return await self._scores(Keys(self.prefix).pool_waiters(pool, member))
+
+    async def store_now_ms(self) -> float:
+        """The store's clock, the one lease expiries and hold deadlines are on."""
+        client: aioredis.Redis = aioredis.from_url(self.store_url, decode_responses=True)
+        try:
+            seconds, micros = await client.time()
+        finally:
+            await client.aclose()
+        return float(seconds) * 1000 + float(micros) / 1000
+
+    async def wait_leases_gone(
+        self, member: str, *, seen: dict[str, float], pool: str = "gpu0", timeout: float = 30
+    ) -> tuple[float, float]:
+        """Until ``member`` has no live lease: (the latest expiry a lease of it had, among
+        ``seen`` (read while they were live) and those read meanwhile; the store's clock
+        once they were gone). Gone at or after that expiry: reaped; before it: released."""
+        assert seen, "no live lease to watch"
+        latest = max(seen.values())
+
+        async def gone() -> bool:
+            nonlocal latest
+            live = await self.lease_expiries(member, pool)
+            latest = max([latest, *live.values()])
+            return not live
+
+        await eventually(gone, timeout=timeout, interval=0.02)
+        return latest, await self.store_now_ms()
+
+    async def wait_slots_idle(self, backend: str, timeout: float = 15) -> None:
+        """Until ``backend``'s sim reports no slot processing: a response can reach its
+        client a moment before the sim frees the slot behind it."""
+        url = self.sims[backend].url
+
+        async def idle() -> bool:
+            async with httpx.AsyncClient(timeout=5) as client:
+                slots = (await client.get(f"{url}/slots")).json()
+            return not any(slot["is_processing"] for slot in slots)
+
+        await eventually(idle, timeout=timeout)
 
     async def ledger(self, gpu: str = "gpu0") -> list[LedgerEntry]:
         client: aioredis.Redis = aioredis.from_url(self.redis_url, decode_responses=True)
@@ -172,35 +229,35 @@ class Stack:
         finally:
             await client.aclose()
 
-    async def assert_no_overlap(self, gpu: str = "gpu0") -> list[LedgerEntry]:
-        timeline = await self.ledger(gpu)
-        assert overlaps(timeline) == [], overlaps(timeline)
-        return timeline
+    async def verdict(self, gpu: str = "gpu0") -> Verdict:
+        """The oracle's judgement of ``gpu``'s ledger (:mod:`tests.support.oracle`)."""
+        return await judge_gpu(self.redis_url, self.prefix, gpu)
+
+    async def assert_invariants(self, gpu: str = "gpu0") -> Verdict:
+        """The full verdict holds on ``gpu``'s ledger."""
+        verdict = await self.verdict(gpu)
+        assert verdict.ok, f"ledger of {gpu} violates the invariants: {verdict}"
+        return verdict
+
+    async def judged_ledger(self, gpu: str = "gpu0") -> list[LedgerEntry]:
+        """``gpu``'s ledger, once the full verdict on it holds (for further checks)."""
+        await self.assert_invariants(gpu)
+        return await self.ledger(gpu)
+
+    def publishers(self) -> list[Managed]:
+        """Every process that publishes audit events (routers and controllers)."""
+        return [*self.routers, *self.controllers.values()]
 
     async def audit(self) -> list[dict[str, Any]]:
-        """Every audit event in the stream so far, oldest first."""
-        nc = await nats.connect(self.nats_url, connect_timeout=2)
-        try:
-            js = nc.jetstream()
-            stream = f"AUDIT_{self.prefix}"
-            sub = await js.pull_subscribe(
-                f"{self.prefix}.audit.>",
-                stream=stream,
-                config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
-            )
-            events: list[dict[str, Any]] = []
-            while True:
-                try:
-                    batch = await sub.fetch(256, timeout=0.3)
-                except nats.errors.TimeoutError:
-                    break
-                events += [orjson.loads(m.data) for m in batch]
-                if len(batch) < 256:
-                    break
-            await sub.unsubscribe()
-            return events
-        finally:
-            await nc.close()
+        """Every audit event in the stream so far, oldest first (events still in a
+        publisher's buffer are not there yet: see :meth:`settled_audit`)."""
+        return await stream_events(self.nats_url, f"AUDIT_{self.prefix}", f"{self.prefix}.audit.>")
+
+    async def settled_audit(self) -> list[dict[str, Any]]:
+        """The whole audit trail once every live publisher has flushed its buffer: what an
+        absence check must read (an event emitted before this call cannot be missing)."""
+        await publishers_flushed(self.publishers())
+        return await self.audit()
 
     async def wait_audit(
         self, predicate: Callable[[dict[str, Any]], bool], *, count: int = 1, timeout: float = 10
