@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from urllib.parse import quote
 
-import psycopg
 import pytest
 
 from hotseat.launcher import Managed, free_port, start_service
 from hotseat_audit.store import AuditStore, open_store, parse_dsn
+from tests.audit.support import drop_schema, postgres_schema_dsn
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -21,12 +20,8 @@ def store_dsn(request: pytest.FixtureRequest, tmp_path: Path, prefix: str) -> It
         yield f"sqlite:///{tmp_path / 'data' / 'audit.db'}"
         return
     base: str = request.getfixturevalue("postgres_dsn")
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{prefix}"')
-    separator = "&" if "?" in base else "?"
-    yield f"{base}{separator}options={quote(f'-csearch_path={prefix}')}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA "{prefix}" CASCADE')
+    yield postgres_schema_dsn(base, prefix)
+    drop_schema(base, prefix)
 
 
 @pytest.fixture

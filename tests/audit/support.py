@@ -7,16 +7,23 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from urllib.parse import quote
 
 import psycopg
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
-from hotseat_audit.store import parse_dsn
+from hotseat_audit.decoding import Incoming
+from hotseat_audit.store import open_store, parse_dsn
 from hotseat_common.messages.audit import AuditEvent, PoolOutcome, RequestOutcome
 from hotseat_common.subjects import Subjects
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
+T0 = (datetime.now(UTC) - timedelta(days=3)).replace(hour=0, minute=0, second=0, microsecond=0)
+"""Test events start at midnight three days ago: relative to now, so the data never
+drifts into (or out of) a window that is relative to now, such as the API's default last
+24 hours or a retention age, whatever the date the suite runs on."""
+HISTORY_ROWS = 10_000
+"""Rows already in a store that is "in production" (:func:`fill_history`)."""
 
 
 def request_events(
@@ -110,3 +117,40 @@ async def wait_for_rows(dsn: str, expected: int, *, timeout: float = 60) -> None
         return (await counts(dsn))[0] >= expected
 
     await wait_until(done, timeout=timeout, what=f"{expected} rows")
+
+
+async def fill_history(dsn: str, rows: int = HISTORY_ROWS) -> int:
+    """Migrate the store behind ``dsn`` and fill it with ``rows`` served events of the
+    last week (ids and request ids that no test uses; well inside the default 30-day
+    retention, so none is deleted under a test), as a store in service holds: ingest and
+    queries then run against indexes with data in them. Returns ``rows``."""
+    store = await open_store(parse_dsn(dsn))
+    try:
+        await store.migrate()
+        start = datetime.now(UTC) - timedelta(days=7)
+        step = timedelta(days=7) / rows
+        for first in range(0, rows, 1000):
+            batch = request_events(min(1000, rows - first), start=start + first * step, step=step)
+            await store.write(
+                [
+                    Incoming(e.model_copy(update={"request_id": f"history-{first + i}"}))
+                    for i, e in enumerate(batch)
+                ],
+                [],
+            )
+    finally:
+        await store.close()
+    return rows
+
+
+def postgres_schema_dsn(base: str, schema: str) -> str:
+    """Create ``schema`` in the database behind ``base``; a DSN whose search path is it."""
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    separator = "&" if "?" in base else "?"
+    return f"{base}{separator}options={quote(f'-csearch_path={schema}')}"
+
+
+def drop_schema(base: str, schema: str) -> None:
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

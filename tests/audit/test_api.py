@@ -270,4 +270,4 @@ async def test_summary_counts_match_the_window(populated: Populated) -> None:
                 e.outcome for e in window if (e.pool, e.member) == (entry["pool"], entry["member"])
             )
         )
-    assert default["total"] == 0, "the default window is the last 24 hours; the data is in 2030"
+    assert default["total"] == 0, "the default window is the last 24 hours; the data is older"

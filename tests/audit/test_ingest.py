@@ -7,7 +7,7 @@ import asyncio
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import timedelta
 
 import httpx
 import orjson
@@ -21,6 +21,7 @@ from hotseat_common.messages.audit import RequestOutcome
 from hotseat_common.subjects import AUDIT_DURABLE, Subjects
 from tests.audit.conftest import AuditFactory, stream_name
 from tests.audit.support import (
+    T0,
     counts,
     publish_events,
     publish_raw,
@@ -78,7 +79,7 @@ async def test_sigkill_mid_burst_loses_and_duplicates_nothing(
     at_kill, _ = await counts(store_dsn)
     assert 0 < at_kill < len(burst), f"kill did not land mid-burst ({at_kill} rows)"
 
-    more = request_events(2_000, start=datetime(2031, 1, 1, tzinfo=UTC))
+    more = request_events(2_000, start=T0 + timedelta(days=1))
     acks = await publish_events(js, subjects, more)
     start_audit(store_dsn, "--ack-wait", "1")
     await wait_consumed(js, stream_name(prefix), AUDIT_DURABLE, acks[-1].seq)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
 import nats
-import psycopg
 import pytest
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
@@ -21,14 +20,18 @@ from hotseat_common.metrics import AuditPublishMetrics
 from hotseat_common.subjects import AUDIT_DURABLE, Subjects
 from tests.audit.support import (
     counts,
+    drop_schema,
+    fill_history,
+    postgres_schema_dsn,
     publish_events,
     publish_raw,
     raw_rows,
     request_events,
+    stored_ids,
     wait_until,
 )
 from tests.fault.conftest import StartProxy
-from tests.support.audit_trail import wait_consumed
+from tests.support.audit_trail import store_caught_up, wait_consumed
 from tests.support.faultproxy import DOWN, UP, seen
 from tests.support.procs import freeze, kill
 
@@ -54,26 +57,32 @@ async def make_stream(nc: NatsClient, prefix: str) -> Subjects:
     return subjects
 
 
-def postgres_schema_dsn(base: str, schema: str) -> str:
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    separator = "&" if "?" in base else "?"
-    return f"{base}{separator}options={quote(f'-csearch_path={schema}')}"
+@dataclass(frozen=True)
+class AuditDb:
+    dsn: str
+    history: int
+    """Rows that were in the store before the test (a store in service holds data)."""
+
+    async def counts(self) -> tuple[int, int]:
+        """(rows, distinct ids) the test added."""
+        rows, distinct = await counts(self.dsn)
+        return rows - self.history, distinct - self.history
 
 
-def drop_schema(base: str, schema: str) -> None:
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_dsn(request: pytest.FixtureRequest, tmp_path: Path, prefix: str) -> Iterator[str]:
+@pytest.fixture(params=["sqlite", "postgres-with-history"])
+async def audit_db(
+    request: pytest.FixtureRequest, tmp_path: Path, prefix: str
+) -> AsyncIterator[AuditDb]:
+    """An empty SQLite file, or a PostgreSQL schema already holding a week of events."""
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'audit.db'}"
+        yield AuditDb(f"sqlite:///{tmp_path / 'audit.db'}", 0)
         return
     base: str = request.getfixturevalue("postgres_dsn")
-    yield postgres_schema_dsn(base, prefix)
-    drop_schema(base, prefix)
+    dsn = postgres_schema_dsn(base, prefix)
+    try:
+        yield AuditDb(dsn, await fill_history(dsn))
+    finally:
+        drop_schema(base, prefix)
 
 
 _STARTED: list[Managed] = []
@@ -107,15 +116,19 @@ async def dead_letters(dsn: str) -> int:
     return int(rows[0][0])  # type: ignore[call-overload]
 
 
-async def test_a_lost_publish_ack_stores_the_retried_event_once(
-    nc: NatsClient, prefix: str, tmp_path: Path, nats_server: Managed, proxies: StartProxy
+async def test_a_lost_publish_ack_stores_the_retried_event_once(  # noqa: PLR0917 - fixtures
+    nc: NatsClient,
+    prefix: str,
+    tmp_path: Path,
+    nats_server: Managed,
+    proxies: StartProxy,
+    audit_db: AuditDb,
 ) -> None:
     """A publisher's event reaches JetStream but the ack never comes back (the connection
     dies with it): the publisher retries the same event id, JetStream de-duplicates it,
     and the audit store holds it once."""
     subjects = await make_stream(nc, prefix)
-    dsn = f"sqlite:///{tmp_path / 'audit.db'}"
-    start_audit(tmp_path, prefix, nats_server.url, dsn)
+    start_audit(tmp_path, prefix, nats_server.url, audit_db.dsn)
     proxy = proxies(int(nats_server.url.rsplit(":", 1)[1]))
     publisher_nc = await nats.connect(proxy.url("nats"), reconnect_time_wait=0.2)
     registry = CollectorRegistry()
@@ -140,12 +153,9 @@ async def test_a_lost_publish_ack_stores_the_retried_event_once(
     assert info.state.messages == 1
     assert metrics.published._value.get() == 1
 
-    async def stored() -> bool:
-        return (await counts(dsn))[0] >= 1
-
-    await wait_until(stored, timeout=20, what="the event stored")
-    await wait_consumed(nc.jetstream(), stream_name(prefix), AUDIT_DURABLE, 1)
-    assert await counts(dsn) == (1, 1)
+    await store_caught_up(nc.jetstream(), stream_name(prefix), AUDIT_DURABLE)
+    assert await audit_db.counts() == (1, 1)
+    assert await stored_ids(audit_db.dsn) >= {event.id}
 
 
 @pytest.mark.parametrize("moment", ["after_commit", "before_commit"])
@@ -155,7 +165,7 @@ async def test_consumer_killed_around_its_commit_stores_every_event_once(  # noq
     tmp_path: Path,
     nats_server: Managed,
     proxies: StartProxy,
-    store_dsn: str,
+    audit_db: AuditDb,
     moment: str,
 ) -> None:
     """The audit consumer is SIGKILLed right after committing a batch but before any ack
@@ -174,7 +184,7 @@ async def test_consumer_killed_around_its_commit_stores_every_event_once(  # noq
 
     def audit_via_proxy() -> Managed:
         return start_audit(
-            tmp_path, prefix, proxy.url("nats"), store_dsn, "--batch-size", "100",
+            tmp_path, prefix, proxy.url("nats"), audit_db.dsn, "--batch-size", "100",
             "--ack-wait", "2",
         )  # fmt: skip
 
@@ -193,16 +203,18 @@ async def test_consumer_killed_around_its_commit_stores_every_event_once(  # noq
     if moment == "after_commit":
 
         async def committed() -> bool:
-            return (await counts(store_dsn))[0] == 50 and await dead_letters(store_dsn) == 1
+            return (await audit_db.counts())[0] == 50 and await dead_letters(audit_db.dsn) == 1
 
         await wait_until(committed, timeout=20, what="the batch committed")
     kill(audit)
     if moment == "before_commit":
-        assert await counts(store_dsn) == (0, 0)
-    start_audit(tmp_path, prefix, nats_server.url, store_dsn, "--ack-wait", "2", name="audit-again")
+        assert await audit_db.counts() == (0, 0)
+    start_audit(
+        tmp_path, prefix, nats_server.url, audit_db.dsn, "--ack-wait", "2", name="audit-again"
+    )
     await wait_consumed(js, stream_name(prefix), AUDIT_DURABLE, last, timeout=60)
-    assert await counts(store_dsn) == (50, 50)
-    assert await dead_letters(store_dsn) == 1
+    assert await audit_db.counts() == (50, 50)
+    assert await dead_letters(audit_db.dsn) == 1
 
 
 async def test_database_down_backlog_waits_and_drains(  # noqa: PLR0917 - fixtures
@@ -213,15 +225,16 @@ async def test_database_down_backlog_waits_and_drains(  # noqa: PLR0917 - fixtur
     proxies: StartProxy,
     postgres_dsn: str,
 ) -> None:
-    """PostgreSQL unreachable for DB_OUTAGE_S while events keep coming: nothing is lost
-    (the backlog waits in JetStream), nothing is stored twice, and the backlog drains once
-    the database is back."""
+    """PostgreSQL (holding a week of events already) unreachable for DB_OUTAGE_S while
+    events keep coming: nothing is lost (the backlog waits in JetStream), nothing is stored
+    twice, and the backlog drains once the database is back."""
     js = nc.jetstream()
     subjects = await make_stream(nc, prefix)
     port = int(postgres_dsn.rsplit(":", 1)[1].split("/", maxsplit=1)[0])
     proxy = proxies(port)
     direct = postgres_schema_dsn(postgres_dsn, prefix)
     try:
+        db = AuditDb(direct, await fill_history(direct))
         via_proxy = direct.replace(f":{port}/", f":{proxy.port}/", 1)
         start_audit(tmp_path, prefix, nats_server.url, via_proxy, "--ack-wait", "2")
         events = request_events(600)
@@ -230,12 +243,13 @@ async def test_database_down_backlog_waits_and_drains(  # noqa: PLR0917 - fixtur
         proxy.reset()  # the database is gone: connections die, new ones are refused
         down_at = time.monotonic()
         acks = await publish_events(js, subjects, events[100:])
+        # The outage itself: the database stays unreachable this long (see DB_OUTAGE_S).
         await asyncio.sleep(max(0.0, DB_OUTAGE_S - (time.monotonic() - down_at)))
-        assert await counts(direct) == (100, 100)
+        assert await db.counts() == (100, 100)
         info = await js.consumer_info(stream_name(prefix), AUDIT_DURABLE)
         assert (info.ack_floor.stream_seq or 0) < acks[-1].seq
         proxy.pass_()
         await wait_consumed(js, stream_name(prefix), AUDIT_DURABLE, acks[-1].seq, timeout=60)
-        assert await counts(direct) == (600, 600)
+        assert await db.counts() == (600, 600)
     finally:
         drop_schema(postgres_dsn, prefix)

@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
 
@@ -126,12 +127,12 @@ async def test_racing_replicas_make_one_transition_at_a_time(
                 continue
             if response.status_code != 200:
                 bad.append(f"client {n}: {response.status_code} {response.text}")
-            await asyncio.sleep(rng.random() * 0.3)
+            await asyncio.sleep(rng.random() * 0.3)  # think time: the demand's shape, no wait
 
     await asyncio.gather(*(client(n) for n in range(8)))
     assert bad == [], bad
     assert statuses[200] > 0
-    events = await _all_audit(stack)
+    events = await stack.settled_audit()
     started = Counter(e["epoch"] for e in events if e["outcome"] == "swap_started")
     completed = Counter(e["epoch"] for e in events if e["outcome"] == "swap_completed")
     assert len(started) >= 3, f"too little contention to prove anything: {started}"
@@ -141,31 +142,22 @@ async def test_racing_replicas_make_one_transition_at_a_time(
     await stack.assert_invariants()
 
 
-async def _all_audit(stack: FaultStack) -> list[dict[str, Any]]:
-    """The audit stream once every publisher has flushed (nothing new for a moment)."""
-    count = -1
-    while True:
-        events = await stack.audit()
-        if len(events) == count:
-            return events
-        count = len(events)
-        await asyncio.sleep(0.5)
-
-
 async def test_no_controller_fails_pooled_requests_at_once(make_stack: MakeFaultStack) -> None:
-    """No controller is running: a pooled request gets 503 with Retry-After at once (NATS
-    no-responders), not after a timeout; the router's health is unaffected."""
+    """No controller is running: a pooled request gets 503 with Retry-After at once, on
+    NATS's no-responders answer, never after waiting for a controller to reply (how fast:
+    bench/fault_timings.py); the router stays ready."""
     stack = make_stack(pool_stack_config())
     stack.start_sims()
     router = stack.start_router()
     for _ in range(3):
-        started = time.monotonic()
         response = await chat(router.url, "judge")
-        elapsed = time.monotonic() - started
         assert response.status_code == 503, response.text
         assert int(response.headers["retry-after"]) >= 1
-        assert response.json()["error"]["code"] == "controller_unavailable"
-        assert elapsed < 0.5, f"took {elapsed:.2f}s: not a fast failure"
+        # NATS's no-responders answer; a question left unanswered would instead have been
+        # asked again until the swap budget ran out (pool_activation_timeout).
+        assert response.json()["error"]["code"] == "controller_unavailable", response.text
+    async with httpx.AsyncClient(timeout=10) as client:
+        assert (await client.get(f"{router.url}/readyz")).status_code == 200
 
 
 async def _request_leases(stack: FaultStack, request_id: str) -> tuple[str | None, int]:
@@ -203,7 +195,7 @@ async def test_a_retried_acquire_gets_the_same_single_lease(
             if lease:
                 seen_leases.add(lease)
             most = max(most, count)
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # sampling Redis: a second lease has no event of its own
 
     watcher = asyncio.create_task(watch())
     # Replies leave the controller 2.5 s late: longer than the router's 2 s per request.
@@ -230,8 +222,8 @@ async def _granted(stack: FaultStack, request_id: str) -> str | None:
 
 async def test_an_orphan_lease_expires(make_stack: MakeFaultStack, proxies: StartProxy) -> None:
     """The router gives up before the controller's grant reaches it and its cancel is lost
-    too: the orphan lease is never renewed and is gone within leaseTtl + a reaper tick,
-    after which the pool can swap again."""
+    too: the orphan lease is never renewed, it is reaped at its expiry (lease_expired), and
+    the pool can swap again. (How soon after the grant: bench/fault_timings.py.)"""
     ttl = 2.0
     stack = make_stack(
         pool_stack_config(
@@ -250,13 +242,15 @@ async def test_an_orphan_lease_expires(make_stack: MakeFaultStack, proxies: Star
     request = asyncio.create_task(chat(router.url, "judge", request_id="orphan-1"))
     await seen(delivered, 10)
     lease = await eventually(lambda: _granted(stack, "orphan-1"), interval=0.02)
-    granted = time.monotonic()
+    granted = await stack.lease_expiries("judge")
     proxy.blackhole(DOWN)  # ... and nothing more reaches it: the router's cancel is lost
     response = await request
     assert response.status_code == 503, response.text
     assert "retry-after" in response.headers
-    await eventually(lambda: _gone(stack, "orphan-1"), timeout=ttl + 5, interval=0.02)
-    assert time.monotonic() - granted <= ttl + 0.1 + 0.6
+    assert (await stack.lease_expiries("judge")).items() <= granted.items(), "renewed"
+    expiry, gone_at = await stack.wait_leases_gone("judge", seen=granted)
+    assert gone_at >= expiry, "the orphan lease was removed before it expired"
+    assert not await _granted(stack, "orphan-1")
     proxy.pass_()
     # The pool can swap again (the 1 s budget is short on a busy machine: ask a few times).
     for _ in range(5):
@@ -265,13 +259,11 @@ async def test_an_orphan_lease_expires(make_stack: MakeFaultStack, proxies: Star
             break
     assert swapped.status_code == 200, swapped.text
     assert swapped.headers["x-hotseat-backend"] == "coder"
-    await stack.wait_audit(
-        lambda e: e["outcome"] == "lease_expired" and e.get("request_id") == "orphan-1"
-    )
+    expired = [
+        e
+        for e in await stack.settled_audit()
+        if e["outcome"] == "lease_expired" and e.get("request_id") == "orphan-1"
+    ]
+    assert len(expired) == 1, expired
     assert lease is not None
     await stack.assert_invariants()
-
-
-async def _gone(stack: FaultStack, request_id: str) -> bool:
-    lease, count = await _request_leases(stack, request_id)
-    return lease is None and count == 0

@@ -139,15 +139,7 @@ async def test_client_leaving_mid_stream_releases_the_lease_at_once(
     expiry, gone_at = await stack.wait_leases_gone("judge", seen=live, timeout=20)
     assert gone_at < expiry, "the lease lived until it expired"
 
-    async def upstream_cancelled() -> bool:
-        return any(
-            e.event == "serve_end"
-            and e.fields.get("request_id") == "gone-1"
-            and e.fields.get("outcome") == "disconnected"
-            for e in await stack.ledger()
-        )
-
-    await eventually(upstream_cancelled, timeout=5)
+    await eventually(lambda: stack.upstream_ended("gone-1", "disconnected"), timeout=20)
     events = await stack.settled_audit()
     assert [e["outcome"] for e in events if e.get("request_id") == "gone-1"] == [
         "client_disconnected"

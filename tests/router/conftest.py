@@ -20,6 +20,7 @@ from hotseat_common.config import HotseatConfig, parse_config
 from hotseat_router.app import ActivationFactory, RouterApp, create_app
 from hotseat_router.settings import RouterSettings
 from tests.router.upstreams import FakeUpstream
+from tests.support.audit_trail import urls_flushed
 
 
 @dataclass
@@ -64,20 +65,30 @@ def settings_for(default_nats: str, prefix: str, **overrides: Any) -> RouterSett
 
 
 @pytest.fixture
+def running() -> list[RunningRouter]:
+    """The routers this test started (the audit reader waits for them to flush)."""
+    return []
+
+
+@pytest.fixture
 async def start_router(
-    nats_server: Managed, prefix: str
+    nats_server: Managed, prefix: str, running: list[RunningRouter]
 ) -> AsyncIterator[Callable[..., Awaitable[RunningRouter]]]:
-    running: list[RunningRouter] = []
 
     async def start(
         config: dict[str, Any] | HotseatConfig,
         *,
         activation_factory: ActivationFactory | None = None,
+        health_clock: Callable[[], float] | None = None,
         **overrides: Any,
     ) -> RunningRouter:
         parsed = config if isinstance(config, HotseatConfig) else parse_config(config)
         settings = settings_for(nats_server.url, prefix, **overrides)
-        kwargs = {"activation_factory": activation_factory} if activation_factory else {}
+        kwargs: dict[str, Any] = {}
+        if activation_factory:
+            kwargs["activation_factory"] = activation_factory
+        if health_clock:
+            kwargs["health_clock"] = health_clock
         app = create_app(settings, parsed, **kwargs)
         server = uvicorn.Server(
             uvicorn.Config(
@@ -97,7 +108,7 @@ async def start_router(
             if task.done():
                 task.result()
                 raise RuntimeError("router exited during start-up")
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # uvicorn's Server offers a flag, no event, for started
         router = RunningRouter(f"http://127.0.0.1:{settings.port}", app, server, task)
         running.append(router)
         return router
@@ -117,9 +128,10 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 class AuditReader:
     """Reads the audit events of one test's stream, in publish order."""
 
-    def __init__(self, nc: NatsClient, stream: str) -> None:
+    def __init__(self, nc: NatsClient, stream: str, routers: list[RunningRouter]) -> None:
         self._js = nc.jetstream()
         self._stream = stream
+        self._routers = routers
         self._sub: Any = None
         self.events: list[dict[str, Any]] = []
 
@@ -146,9 +158,13 @@ class AuditReader:
             await self._pull(min(left, 0.5))
 
     async def request_event(self, request_id: str) -> dict[str, Any]:
-        (event,) = await self.wait_for(
-            lambda e: e["kind"] == "request" and e.get("request_id") == request_id
-        )
+        """The one request event of ``request_id`` (its router must still be running)."""
+        await self.wait_for(lambda e: e["kind"] == "request" and e.get("request_id") == request_id)
+        (event,) = [
+            e
+            for e in await self.settled()
+            if e["kind"] == "request" and e.get("request_id") == request_id
+        ]
         return event
 
     async def all_events(self) -> list[dict[str, Any]]:
@@ -157,7 +173,12 @@ class AuditReader:
         await self.wait_for(lambda _e: True, count=info.state.messages)
         return self.events
 
+    async def settled(self) -> list[dict[str, Any]]:
+        """Every event, once each running router of the test has flushed its buffer."""
+        await urls_flushed(r.url for r in self._routers if not r.task.done())
+        return await self.all_events()
+
 
 @pytest.fixture
-async def audit(nc: NatsClient, prefix: str) -> AuditReader:
-    return AuditReader(nc, f"{prefix}_AUDIT")
+async def audit(nc: NatsClient, prefix: str, running: list[RunningRouter]) -> AuditReader:
+    return AuditReader(nc, f"{prefix}_AUDIT", running)

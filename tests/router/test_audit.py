@@ -12,6 +12,7 @@ import nats
 import orjson
 
 from hotseat.launcher import free_port, start_nats
+from tests.support.waiting import eventually
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "m", "messages": []}
@@ -100,6 +101,14 @@ async def test_served_while_nats_is_down(upstream, start_router, tmp_path, prefi
         async with httpx.AsyncClient(timeout=10) as http:
             assert (await http.get(router.url + "/readyz")).status_code == 200
             own_nats.kill()
+
+            async def nats_down() -> bool:
+                ready = await http.get(router.url + "/readyz")
+                return ready.status_code == 503 and ready.json()["checks"]["nats"] is False
+
+            # The router notices the lost connection a moment after the kill: wait for it,
+            # so that the requests below are served while it knows NATS is gone.
+            await eventually(nats_down, timeout=30)
             statuses = []
             for i in range(3):
                 response = await http.post(
@@ -107,9 +116,7 @@ async def test_served_while_nats_is_down(upstream, start_router, tmp_path, prefi
                 )
                 statuses.append(response.status_code)
             assert statuses == [200, 200, 200]
-            ready = await http.get(router.url + "/readyz")
-            assert ready.status_code == 503
-            assert ready.json()["checks"]["nats"] is False
+            assert await nats_down()
             own_nats = start_nats(tmp_path / "nats", port=port)
             nc = await nats.connect(own_nats.url)
             try:
@@ -117,7 +124,7 @@ async def test_served_while_nats_is_down(upstream, start_router, tmp_path, prefi
                 seen: set[str] = set()
                 deadline = asyncio.get_running_loop().time() + 15
                 while len(seen) < 3 and asyncio.get_running_loop().time() < deadline:
-                    with contextlib.suppress(TimeoutError):
+                    with contextlib.suppress(TimeoutError):  # not there yet: ask again
                         for msg in await sub.fetch(10, timeout=1):
                             seen.add(orjson.loads(msg.data)["request_id"])
                             await msg.ack()

@@ -3,15 +3,14 @@ OpenAI SDK as the client."""
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import openai
 import pytest
 
 from hotseat.launcher import free_port
 from hotseat_common.config import parse_config
-from tests.support.sim import run_sim
+from tests.support.sim import SimHandle, run_sim
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -119,13 +118,16 @@ async def test_client_disconnect_frees_the_sim_slot(sims, start_router):
         ) as response,
     ):
         assert response.status_code == 200
+        assert response.headers["x-hotseat-backend"] == "small"
         await anext(response.aiter_raw())
-        # The sim offers no event for a taken or freed slot: poll /slots with a deadline.
-        deadline = asyncio.get_running_loop().time() + 5
-        while not any(s["is_processing"] for s in (await small.http.get("/slots")).json()):
-            assert asyncio.get_running_loop().time() < deadline, "the sim never generated"
-            await asyncio.sleep(0.02)
-    deadline = asyncio.get_running_loop().time() + 5
-    while any(s["is_processing"] for s in (await small.http.get("/slots")).json()):
-        assert asyncio.get_running_loop().time() < deadline, "the sim kept generating"
-        await asyncio.sleep(0.02)
+        # The sim offers no event for a taken or freed slot: poll /slots.
+        await eventually(lambda: _generating(small), timeout=20, interval=0.02)
+    await eventually(lambda: _idle(small), timeout=20, interval=0.02)
+
+
+async def _generating(sim: SimHandle) -> bool:
+    return any(s["is_processing"] for s in (await sim.http.get("/slots")).json())
+
+
+async def _idle(sim: SimHandle) -> bool:
+    return not await _generating(sim)

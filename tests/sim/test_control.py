@@ -24,9 +24,18 @@ def config():
     )
 
 
-async def test_load_unload_lifecycle_and_health(start_sim: StartSim, config) -> None:
+@pytest.fixture
+def slow_load():
+    """A load long enough (2 s) that the few requests a test makes while it runs are
+    certainly answered before it ends: each takes milliseconds, even on a loaded machine."""
+    return sim_pool_config(
+        {"a": {"loadSeconds": 2.0, "unloadSeconds": 0.2, "tokensPerSecond": 50, "memoryGiB": 6}}
+    )
+
+
+async def test_load_unload_lifecycle_and_health(start_sim: StartSim, slow_load) -> None:
     """unloaded -> loading -> ready -> unloading -> unloaded, /health 503/503/200/503/503."""
-    sim = await start_sim(config, "a")
+    sim = await start_sim(slow_load, "a")
     assert await sim.state() == {
         "state": "unloaded",
         "pool": "gpu0",
@@ -61,9 +70,9 @@ async def test_load_unload_lifecycle_and_health(start_sim: StartSim, config) -> 
     assert (idle.status_code, idle.json()) == (200, {"state": "unloaded"})
 
 
-async def test_stale_epoch_is_refused_with_409(start_sim: StartSim, config) -> None:
+async def test_stale_epoch_is_refused_with_409(start_sim: StartSim, slow_load) -> None:
     """An epoch lower than the highest seen is refused; equal, higher or none pass."""
-    sim = await start_sim(config, "a")
+    sim = await start_sim(slow_load, "a")
     assert (await sim.load(epoch=5)).status_code == 202
     stale = await sim.unload(epoch=4)
     assert stale.status_code == 409
@@ -177,14 +186,17 @@ async def test_crash_fails_the_member_and_frees_its_memory(
 
 
 async def test_state_long_poll_waits_for_the_wanted_state(start_sim: StartSim, config) -> None:
-    """``GET /control/state?until=ready`` answers once the load finishes, not before; with
-    a short timeout it answers the current state."""
-    sim = await start_sim(config, "a")
-    await sim.load(epoch=1)
-    short = await sim.http.get("/control/state", params={"until": "ready", "timeout": 0.01})
-    assert short.json()["state"] == "loading"
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    ready = await sim.http.get("/control/state", params={"until": "ready,failed", "timeout": 10})
-    assert ready.json()["state"] == "ready"
-    assert loop.time() - started < 5  # answered by the transition, not the timeout
+    """``GET /control/state?until=unloading,unloaded`` answers at the transition to one of
+    those states, not before; with a short timeout it answers the current state."""
+    sim = await start_sim(config, "a", loaded=True)
+    waiting = asyncio.create_task(
+        sim.http.get(
+            "/control/state", params={"until": "unloading,unloaded", "timeout": 30}, timeout=40
+        )
+    )
+    short = await sim.http.get("/control/state", params={"until": "loading", "timeout": 0.2})
+    assert short.json()["state"] == "ready"  # its timeout ran out: the state as it is
+    assert not waiting.done()  # ready is not what it waits for
+    assert (await sim.unload()).status_code == 202
+    answer = await waiting
+    assert answer.json()["state"] in {"unloading", "unloaded"}

@@ -13,6 +13,7 @@ from hotseat_common.keys import Keys
 from hotseat_sim.timeline import LedgerEvent
 from tests.sim.conftest import StartSim
 from tests.support.sim import SimHandle, sim_pool_config, wait_for_timeline
+from tests.support.waiting import eventually
 
 CHAT = "/v1/chat/completions"
 
@@ -26,16 +27,19 @@ def ask(max_tokens: int, *, stream: bool = False) -> dict:
     }
 
 
-async def slots_until(sim: SimHandle, busy: int, timeout: float = 3.0) -> list[dict]:
-    """Poll /slots until exactly ``busy`` slots are processing."""
-    deadline = time.monotonic() + timeout
-    while True:
+async def slots_until(sim: SimHandle, busy: int, timeout: float = 20.0) -> list[dict]:
+    """Poll /slots (the sim announces no slot change) until exactly ``busy`` are processing."""
+
+    async def matching() -> list[dict] | None:
         slots = (await sim.http.get("/slots")).json()
-        if sum(s["is_processing"] for s in slots) == busy:
-            return slots
-        if time.monotonic() > deadline:
-            raise AssertionError(f"/slots never showed {busy} busy: {slots}")
-        await asyncio.sleep(0.005)
+        return slots if sum(s["is_processing"] for s in slots) == busy else None
+
+    result: list[dict] = await eventually(matching, timeout=timeout, interval=0.005)
+    return result
+
+
+async def _in_flight(sim: SimHandle, count: int) -> bool:
+    return bool((await sim.state())["in_flight"] == count)
 
 
 async def test_slots_busy_during_a_request_and_idle_after(start_sim: StartSim) -> None:
@@ -52,8 +56,9 @@ async def test_slots_busy_during_a_request_and_idle_after(start_sim: StartSim) -
     assert busy[0]["next_token"]["n_remain"] > 0
     response = await request
     assert response.status_code == 200
-    after = (await sim.http.get("/slots")).json()
-    assert not any(s["is_processing"] for s in after)
+    # The answer can reach the client a moment before the slot is freed behind it.
+    after = await slots_until(sim, 0)
+    assert [s["id"] for s in after] == [0, 1]
 
 
 async def test_requests_beyond_slots_queue(start_sim: StartSim, redis, keys: Keys) -> None:
@@ -67,10 +72,7 @@ async def test_requests_beyond_slots_queue(start_sim: StartSim, redis, keys: Key
     second = asyncio.create_task(
         sim.http.post(CHAT, json=ask(5), headers={"x-hotseat-request-id": "second"})
     )
-    deadline = time.monotonic() + 3
-    while (await sim.state())["in_flight"] != 2:
-        assert time.monotonic() < deadline, "the second request never queued"
-        await asyncio.sleep(0.005)
+    await eventually(lambda: _in_flight(sim, 2), timeout=20, interval=0.005)
     assert len([s for s in (await sim.http.get("/slots")).json() if s["is_processing"]]) == 1
     assert (await first).status_code == 200
     assert (await second).status_code == 200
@@ -107,9 +109,8 @@ async def test_stream_disconnect_frees_the_slot(start_sim: StartSim, redis, keys
                 break
         busy = await slots_until(sim, 1)
         assert busy[0]["next_token"]["n_decoded"] >= 1
-    started = time.monotonic()
-    await slots_until(sim, 0, timeout=2)
-    assert time.monotonic() - started < 1.0
+    # Freed by the disconnect, long before the 100 s the 5000 tokens would take.
+    await slots_until(sim, 0)
     timeline = await wait_for_timeline(
         redis, keys, "gpu0", lambda t: any(e.event is LedgerEvent.SERVE_END for e in t)
     )
@@ -125,13 +126,14 @@ async def test_plain_request_disconnect_frees_the_slot(start_sim: StartSim) -> N
     sim = await start_sim(config, "a", loaded=True)
     async with httpx.AsyncClient(base_url=sim.url, timeout=0.3) as client:
         with pytest.raises(httpx.ReadTimeout):
-            await client.post(CHAT, json=ask(5000))
-    await slots_until(sim, 0, timeout=2)
+            await client.post(CHAT, json=ask(5000))  # 100 s of tokens: only leaving ends it
+    await slots_until(sim, 0)
     assert (await sim.state())["in_flight"] == 0
 
 
 async def test_tokens_come_at_the_members_pace(start_sim: StartSim) -> None:
-    """max_tokens=20 at tokensPerSecond=100 takes at least 0.2 s, streamed or not."""
+    """max_tokens=20 at tokensPerSecond=100 takes at least 0.2 s, streamed or not (no
+    upper bound: a loaded machine only makes it slower)."""
     config = sim_pool_config({"a": {"tokensPerSecond": 100}})
     sim = await start_sim(config, "a", loaded=True)
     started = time.monotonic()
@@ -141,6 +143,6 @@ async def test_tokens_come_at_the_members_pace(start_sim: StartSim) -> None:
     async with sim.http.stream("POST", CHAT, json=ask(20, stream=True)) as response:
         stamps = [time.monotonic() async for line in response.aiter_lines() if line]
     streamed = time.monotonic() - started
-    assert 0.2 <= plain < 1.5
-    assert 0.2 <= streamed < 1.5
+    assert plain >= 0.2
+    assert streamed >= 0.2
     assert stamps[-1] - stamps[0] >= 0.15  # tokens spread over time, not sent at once

@@ -49,23 +49,30 @@ async def metric_total(url: str, name: str) -> float:
 async def audit_publishing(procs: Iterable[Managed]) -> dict[str, float]:
     """Audit events published (acknowledged by JetStream), still buffered and dropped,
     summed over the live ``procs`` (routers and controllers; a dead one's buffer is gone)."""
+    return await _publishing([proc.url for proc in procs if proc.alive()])
+
+
+async def _publishing(urls: Iterable[str]) -> dict[str, float]:
     totals = {"published": 0.0, "buffered": 0.0, "dropped": 0.0}
-    for proc in procs:
-        if not proc.alive():
-            continue
-        totals["published"] += await metric_total(proc.url, PUBLISHED)
-        totals["buffered"] += await metric_total(proc.url, BUFFERED)
-        totals["dropped"] += await metric_total(proc.url, DROPPED)
+    for url in urls:
+        totals["published"] += await metric_total(url, PUBLISHED)
+        totals["buffered"] += await metric_total(url, BUFFERED)
+        totals["dropped"] += await metric_total(url, DROPPED)
     return totals
 
 
 async def publishers_flushed(procs: Iterable[Managed], *, timeout: float = 30) -> dict[str, float]:
     """Wait until no live publisher holds an unacknowledged event (the buffered gauge is set
     after each acknowledgement, so 0 means every event emitted so far is in the stream)."""
-    procs = list(procs)
+    return await urls_flushed([proc.url for proc in procs if proc.alive()], timeout=timeout)
+
+
+async def urls_flushed(urls: Iterable[str], *, timeout: float = 30) -> dict[str, float]:
+    """:func:`publishers_flushed` for services known by their URL."""
+    urls = list(urls)
 
     async def flushed() -> dict[str, float] | None:
-        totals = await audit_publishing(procs)
+        totals = await _publishing(urls)
         return totals if totals["buffered"] == 0 else None
 
     result: dict[str, float] = await eventually(flushed, timeout=timeout, interval=0.05)

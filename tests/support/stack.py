@@ -229,6 +229,16 @@ class Stack:
         finally:
             await client.aclose()
 
+    async def upstream_ended(self, request_id: str, outcome: str, gpu: str = "gpu0") -> bool:
+        """The sim that served ``request_id`` recorded its end with ``outcome`` (for
+        example ``disconnected``: the router cut the upstream request)."""
+        return any(
+            e.event == "serve_end"
+            and e.fields.get("request_id") == request_id
+            and e.fields.get("outcome") == outcome
+            for e in await self.ledger(gpu)
+        )
+
     async def verdict(self, gpu: str = "gpu0") -> Verdict:
         """The oracle's judgement of ``gpu``'s ledger (:mod:`tests.support.oracle`)."""
         return await judge_gpu(self.redis_url, self.prefix, gpu)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -115,8 +116,10 @@ def create_app(
     config: HotseatConfig,
     *,
     activation_factory: ActivationFactory = build_activation,
+    health_clock: Callable[[], float] = time.monotonic,
 ) -> RouterApp:
-    """The router for ``config``; nothing connects until the lifespan starts."""
+    """The router for ``config``; nothing connects until the lifespan starts.
+    ``health_clock`` is what backend quarantines are timed on (tests step it by hand)."""
     name = router_name(settings, config)
     registry = CollectorRegistry()
     metrics = RouterMetrics(registry)
@@ -160,7 +163,7 @@ def create_app(
             dispatcher = Dispatcher(
                 policy=policy,
                 pool_budgets={p.name: p.swap_budget for p in config.pools},
-                health=PassiveHealth(policy.quarantine, on_change=on_health),
+                health=PassiveHealth(policy.quarantine, on_change=on_health, clock=health_clock),
                 upstream=upstream,
                 activation=activation,
                 audit=audit,
