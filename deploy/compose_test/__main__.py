@@ -87,7 +87,8 @@ def parse_args() -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--keep", action="store_true",
-        help="leave the stack and the engine running after the checks (no down)",
+        help="leave the stack and the engine running after the checks (the next run, or "
+        f"`docker compose -p {stack.PROJECT} down -v`, takes it down)",
     )  # fmt: skip
     parser.add_argument("pytest_args", nargs="*", help="more arguments for the checks' pytest")
     return parser.parse_args()
@@ -149,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
         phases.timed(
             "compose", lambda: images.compose_plugin(docker, STATE), lambda v: f"docker compose {v}"
         )
+        if any(stack.leftovers(docker).values()):  # an earlier run's, kept or interrupted
+            say("removing what an earlier run left: docker compose down --volumes")
+            docker.docker("compose", f"--project-name={stack.PROJECT}", "down", "--volumes")
         sources = package_sources()
         phases.timed("base", lambda: images.base_image(docker, sources, STATE), lambda how: how)
         built = phases.timed(

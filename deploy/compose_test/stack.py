@@ -27,7 +27,6 @@ FILES = ("compose.yaml", "deploy/compose/loopback.yaml")
 PROJECT = "hotseat-test"
 """Not compose.yaml's ``hotseat``: the test never touches a stack a user runs as that."""
 HOTSEAT_IMAGE = "hotseat:compose-test"
-BUILTIN_NETWORKS = frozenset({"bridge", "host", "none"})
 PORTS = (
     "nats", "nats-http", "redis", "postgres", "sim-assistant", "sim-coder",
     "controller-1", "controller-2", "audit", "router-1", "router-2", "gateway",
@@ -133,13 +132,10 @@ class Compose:
 
 
 def leftovers(engine: Engine) -> dict[str, list[str]]:
-    """Containers, networks and volumes of the test's project that the engine still has,
-    and any network besides the engine's own (this stack must create none)."""
+    """Containers, networks and volumes of the test's project that the engine still has."""
     label = f"--filter=label=com.docker.compose.project={PROJECT}"
-    found = {
+    return {
         "containers": engine.docker("ps", "--all", "--quiet", label).stdout.split(),
+        "networks": engine.docker("network", "ls", "--quiet", label).stdout.split(),
         "volumes": engine.docker("volume", "ls", "--quiet", label).stdout.split(),
     }
-    names = engine.docker("network", "ls", "--format={{.Name}}").stdout.split()
-    found["networks"] = [n for n in names if n not in BUILTIN_NETWORKS]
-    return found
