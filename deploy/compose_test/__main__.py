@@ -116,6 +116,9 @@ def checks(compose_env: dict[str, str], ports: dict[str, int], pytest_args: list
         "controllers": {n: url(ports[n]) for n in ("controller-1", "controller-2")},
         "audit": url(ports["audit"]),
         "postgres": f"postgresql://hotseat:hotseat@127.0.0.1:{ports['postgres']}/hotseat",
+        "nats": f"nats://127.0.0.1:{ports['nats']}",
+        "redis": f"redis://127.0.0.1:{ports['redis']}/0",
+        "config_dir": str(STATE / "loopback"),
     }
     path = STATE / "stack.json"
     path.write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
@@ -150,9 +153,11 @@ def run(args: argparse.Namespace) -> int:
         phases.timed(
             "compose", lambda: images.compose_plugin(docker, STATE), lambda v: f"docker compose {v}"
         )
-        if any(stack.leftovers(docker).values()):  # an earlier run's, kept or interrupted
+        if any((left := stack.leftovers(docker)).values()):  # an earlier run's, kept or cut
             say("removing what an earlier run left: docker compose down --volumes")
             docker.docker("compose", f"--project-name={stack.PROJECT}", "down", "--volumes")
+            if left["testcontainers"]:
+                docker.docker("rm", "--force", "--volumes", *left["testcontainers"])
         sources = package_sources()
         phases.timed("base", lambda: images.base_image(docker, sources, STATE), lambda how: how)
         built = phases.timed(
@@ -169,9 +174,7 @@ def run(args: argparse.Namespace) -> int:
         phases.timed(
             "build",
             lambda: ready.run("build", "--progress=plain", capture=True),
-            lambda _: (
-                f"{stack.HOTSEAT_IMAGE}, {images.size_mb(docker, stack.HOTSEAT_IMAGE):.0f} MB"
-            ),
+            lambda _: _sizes(docker, stack.HOTSEAT_IMAGE, built["python"]),
         )
         phases.timed(
             "start",
@@ -201,6 +204,13 @@ def run(args: argparse.Namespace) -> int:
             phases.timed("stop", docker.stop, lambda how: f"engine {how}")
     say(("FAILED, " if failed else "passed, ") + phases.summary())
     return 1 if failed else 0
+
+
+def _sizes(docker: Engine, image: str, base: str) -> str:
+    return (
+        f"{image} {images.size_mb(docker, image):.0f} MB "
+        f"(its base {base} {images.size_mb(docker, base):.0f} MB)"
+    )
 
 
 def _down(phases: Phases, docker: Engine, compose: stack.Compose | None) -> bool:

@@ -27,6 +27,8 @@ FILES = ("compose.yaml", "deploy/compose/loopback.yaml")
 PROJECT = "hotseat-test"
 """Not compose.yaml's ``hotseat``: the test never touches a stack a user runs as that."""
 HOTSEAT_IMAGE = "hotseat:compose-test"
+TESTCONTAINERS_LABEL = "org.testcontainers.lang"
+"""A label on every container testcontainers (for Python) starts."""
 PORTS = (
     "nats", "nats-http", "redis", "postgres", "sim-assistant", "sim-coder",
     "controller-1", "controller-2", "audit", "router-1", "router-2", "gateway",
@@ -132,10 +134,18 @@ class Compose:
 
 
 def leftovers(engine: Engine) -> dict[str, list[str]]:
-    """Containers, networks and volumes of the test's project that the engine still has."""
+    """Containers, networks and volumes of the test's project that the engine still has,
+    and containers of the test's image that the checks started with testcontainers."""
     label = f"--filter=label=com.docker.compose.project={PROJECT}"
     return {
         "containers": engine.docker("ps", "--all", "--quiet", label).stdout.split(),
+        "testcontainers": engine.docker(
+            "ps",
+            "--all",
+            "--quiet",
+            f"--filter=label={TESTCONTAINERS_LABEL}",
+            f"--filter=ancestor={HOTSEAT_IMAGE}",
+        ).stdout.split(),
         "networks": engine.docker("network", "ls", "--quiet", label).stdout.split(),
         "volumes": engine.docker("volume", "ls", "--quiet", label).stdout.split(),
     }

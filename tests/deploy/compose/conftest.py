@@ -30,6 +30,10 @@ class Stack:
     controllers: dict[str, str]
     audit: str
     postgres: str
+    nats: str
+    redis: str
+    config_dir: str
+    """Holds the stack's Hotseat config, ``hotseat.yaml``."""
 
     def compose_run(self, *args: str) -> str:
         """``docker compose`` on this stack's project; its standard output."""
