@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         compose = stack.Compose(
             {**docker.env, **stack.environment(STATE / "loopback", ports, built, sources.pip)}
         )
-        ready = compose
+        ready = compose  # what the lambdas below close over, known not to be None
         phases.timed(
             "build",
             lambda: ready.run("build", "--progress=plain", capture=True),
@@ -192,16 +192,18 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(exc, subprocess.CalledProcessError) and exc.stderr:
             sys.stdout.write(exc.stderr[-4000:])
         if compose is not None:
-            compose.run("ps", "--all")
-            compose.run("logs", "--tail=30")
+            compose.run("ps", "--all", check=False)
+            compose.run("logs", "--tail=30", check=False)
     finally:
         if args.keep:
             say("--keep: the stack and the engine are left running; env for docker commands:")
             for key, value in (compose.env if compose else docker.env).items():
                 sys.stdout.write(f"  export {key}={value}\n")
         else:
-            failed = _down(phases, docker, compose) or failed
-            phases.timed("stop", docker.stop, lambda how: f"engine {how}")
+            try:
+                failed = _down(phases, docker, compose) or failed
+            finally:
+                phases.timed("stop", docker.stop, lambda how: f"engine {how}")
     say(("FAILED, " if failed else "passed, ") + phases.summary())
     return 1 if failed else 0
 

@@ -117,12 +117,14 @@ class Compose:
         files = [f"--file={self.root / name}" for name in FILES]
         return ["docker", "compose", f"--project-name={PROJECT}", *files, *args]
 
-    def run(self, *args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, capture: bool = False, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             self.argv(*args),
             env={**os.environ, **self.env},
             cwd=self.root,
-            check=True,
+            check=check,
             text=True,
             capture_output=capture,
         )
