@@ -11,13 +11,17 @@ from hotseat_sim.timeline import (
     LedgerEntry,
     LedgerEvent,
     Overlap,
+    cuts,
+    lost_writes,
     overlaps,
     read_timeline,
     refused_requests,
     residencies,
     served_while_not_resident,
+    unloaded_while_serving,
 )
 from tests.sim.conftest import StartSim
+from tests.support.oracle import judge
 from tests.support.sim import sim_pool_config, wait_for_timeline
 
 
@@ -185,3 +189,90 @@ def test_served_while_not_resident_check() -> None:
     ]
     flagged = [e.fields["request_id"] for e in served_while_not_resident(timeline)]
     assert flagged == ["before", "loading", "after"]
+
+
+def test_cut_check_finds_a_request_in_flight_at_an_unload() -> None:
+    """A request still in flight when its member starts unloading is cut; one that ended
+    before is not; requests are told apart by ticket, not by a client id they share."""
+    timeline = [
+        entry("load_start", "a", 1),
+        entry("loaded", "a", 2),
+        entry("serve_start", "a", 3, request_id="same", ticket="1", boot="x"),
+        entry("serve_start", "a", 4, request_id="same", ticket="2", boot="x"),
+        entry("serve_end", "a", 5, request_id="same", ticket="1", boot="x", outcome="completed"),
+        entry("unload_start", "a", 6),
+        entry("serve_end", "a", 7, request_id="same", ticket="2", boot="x", outcome="aborted"),
+        entry("unloaded", "a", 8, reason="unload"),
+    ]
+    found = cuts(timeline)
+    assert [(c.request.fields["ticket"], c.cause) for c in found] == [("2", "unload")]
+    assert unloaded_while_serving(timeline) == [timeline[5]]
+    verdict = judge(timeline)
+    assert not verdict.ok
+    assert verdict.summary()["cut"] == 1
+    assert verdict.summary()["unloaded_while_serving"] == 1
+
+
+def test_cut_by_a_crash_counts_and_an_excused_cut_is_counted_apart() -> None:
+    """A crash that frees memory under a request cuts it; naming the request (its router
+    died past its lease) moves it to ``excused`` and the verdict passes."""
+    timeline = [
+        entry("load_start", "a", 1),
+        entry("loaded", "a", 2),
+        entry("serve_start", "a", 3, request_id="r1", ticket="1"),
+        entry("unloaded", "a", 4, reason="crash"),
+    ]
+    assert [c.cause for c in cuts(timeline)] == ["crash"]
+    assert not judge(timeline).ok
+    pardoned = judge(timeline, excused={"r1"})
+    assert pardoned.ok, pardoned
+    assert (pardoned.summary()["cut"], pardoned.summary()["excused"]) == (0, 1)
+
+
+def test_verdict_refuses_an_empty_ledger_and_counts_lost_writes() -> None:
+    """An empty ledger is no evidence; a gap in a sim's sequence is a lost write."""
+    assert not judge([]).ok
+    assert judge([]).empty
+    timeline = [
+        entry("load_start", "a", 1, boot="b1", seq="1"),
+        entry("loaded", "a", 2, boot="b1", seq="2"),
+        entry("unload_start", "a", 3, boot="b1", seq="4"),
+    ]
+    assert lost_writes(timeline) == [("b1", 3)]
+    assert judge(timeline).summary()["lost_writes"] == 1
+
+
+async def test_sim_records_a_request_cut_by_an_unload(
+    start_sim: StartSim, config, redis, keys: Keys
+) -> None:
+    """A real sim unloaded under a streaming request: the ledger shows the request in
+    flight at the unload, numbered without gaps, and the verdict fails on it."""
+    small = await start_sim(config, "small")
+    await small.load(epoch=1)
+    await small.wait_for_state("ready")
+    client = small.openai()
+    stream = await client.chat.completions.create(
+        model="small",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=400,
+        stream=True,
+        extra_headers={"x-hotseat-request-id": "victim"},
+    )
+    async for _chunk in stream:
+        break  # the request is being served
+    await small.unload(epoch=2)
+    timeline = await wait_for_timeline(
+        redis,
+        keys,
+        "gpu0",
+        lambda t: any(e.event is LedgerEvent.UNLOADED for e in t)
+        and any(e.event is LedgerEvent.SERVE_END for e in t),
+    )
+    await stream.close()
+    found = cuts(timeline)
+    assert [(c.request_id, c.cause) for c in found] == [("victim", "unload")]
+    assert lost_writes(timeline) == []
+    assert {e.fields["boot"] for e in timeline} == {e.fields["boot"] for e in timeline[:1]}
+    verdict = judge(timeline)
+    assert verdict.summary()["cut"] == 1
+    assert verdict.summary()["unloaded_while_serving"] == 1

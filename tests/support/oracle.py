@@ -10,25 +10,35 @@ One verdict for any fault test or soak run::
   load that would not fit beside the resident);
 - no request is served by a member that is not ready (``served_while_not_resident``);
 - no request reaches a member that is not ready (``refused``: the sim answered 503 because
-  a router dispatched to a member that was loading, unloading or gone).
+  a router dispatched to a member that was loading, unloading or gone);
+- no member is unloaded while it serves (``unloaded_while_serving``), and no request is cut
+  by an unload, a crash or a restart of its member (``cut``). The one excuse is explicit and
+  counted apart (``excused``): a request the test names, because its router died or froze
+  past its lease, so that the lease expired and the member was rightly free to go;
+- the ledger is whole: no entry a sim failed to write (``lost_writes``), and not empty (a
+  verdict over nothing proves nothing: ``empty``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
 from hotseat_common.keys import Keys
 from hotseat_sim.timeline import (
+    Cut,
     LedgerEntry,
     LedgerEvent,
     Overlap,
+    cuts,
+    lost_writes,
     overlaps,
     read_timeline,
     refused_requests,
     served_while_not_resident,
+    unloaded_while_serving,
 )
 
 
@@ -40,6 +50,15 @@ class Verdict:
     oom: tuple[LedgerEntry, ...]
     served_while_not_resident: tuple[LedgerEntry, ...]
     refused: tuple[LedgerEntry, ...]
+    unloaded_while_serving: tuple[LedgerEntry, ...] = ()
+    cut: tuple[Cut, ...] = ()
+    excused: tuple[Cut, ...] = ()
+    """Cuts of requests the caller named (their router died or froze past its lease)."""
+    lost_writes: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return self.entries == 0
 
     @property
     def violations(self) -> int:
@@ -48,6 +67,10 @@ class Verdict:
             + len(self.oom)
             + len(self.served_while_not_resident)
             + len(self.refused)
+            + len(self.unloaded_while_serving)
+            + len(self.cut)
+            + len(self.lost_writes)
+            + int(self.empty)
         )
 
     @property
@@ -62,11 +85,20 @@ class Verdict:
             "oom": len(self.oom),
             "served_while_not_resident": len(self.served_while_not_resident),
             "refused": len(self.refused),
+            "unloaded_while_serving": len(self.unloaded_while_serving),
+            "cut": len(self.cut),
+            "excused": len(self.excused),
+            "lost_writes": len(self.lost_writes),
         }
 
 
-def judge(timeline: Sequence[LedgerEntry]) -> Verdict:
-    """Every ledger violation in ``timeline``."""
+def judge(timeline: Sequence[LedgerEntry], *, excused: Collection[str] = ()) -> Verdict:
+    """Every ledger violation in ``timeline``; cuts of the request ids in ``excused`` are
+    counted apart instead (an unload still counts when it cut any other request)."""
+    every_cut = cuts(timeline)
+    pardoned = tuple(c for c in every_cut if c.request_id and c.request_id in excused)
+    unpardoned = tuple(c for c in every_cut if c not in pardoned)
+    guilty_unloads = {c.by.id for c in unpardoned}
     return Verdict(
         entries=len(timeline),
         loads=sum(1 for e in timeline if e.event is LedgerEvent.LOAD_START),
@@ -74,19 +106,29 @@ def judge(timeline: Sequence[LedgerEntry]) -> Verdict:
         oom=tuple(e for e in timeline if e.event is LedgerEvent.OOM),
         served_while_not_resident=tuple(served_while_not_resident(timeline)),
         refused=tuple(refused_requests(timeline)),
+        unloaded_while_serving=tuple(
+            e for e in unloaded_while_serving(timeline) if e.id in guilty_unloads
+        ),
+        cut=unpardoned,
+        excused=pardoned,
+        lost_writes=tuple(lost_writes(timeline)),
     )
 
 
-async def judge_gpu(redis_url: str, prefix: str, gpu: str = "gpu0") -> Verdict:
+async def judge_gpu(
+    redis_url: str, prefix: str, gpu: str = "gpu0", *, excused: Collection[str] = ()
+) -> Verdict:
     """Read ``gpu``'s ledger (key prefix ``prefix``) and judge it."""
     client: aioredis.Redis = aioredis.from_url(redis_url, decode_responses=True)
     try:
-        return judge(await read_timeline(client, Keys(prefix), gpu))
+        return judge(await read_timeline(client, Keys(prefix), gpu), excused=excused)
     finally:
         await client.aclose()
 
 
-async def assert_gpu_invariants(redis_url: str, prefix: str, gpu: str = "gpu0") -> Verdict:
-    verdict = await judge_gpu(redis_url, prefix, gpu)
-    assert verdict.ok, f"ledger of {gpu} violates the invariants: {verdict}"
+async def assert_gpu_invariants(
+    redis_url: str, prefix: str, gpu: str = "gpu0", *, excused: Collection[str] = ()
+) -> Verdict:
+    verdict = await judge_gpu(redis_url, prefix, gpu, excused=excused)
+    assert verdict.ok, f"ledger of {gpu} violates the invariants: {verdict.summary()} {verdict}"
     return verdict

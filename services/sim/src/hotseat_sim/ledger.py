@@ -6,12 +6,18 @@ this member's must fit the GPU, else the script records ``oom`` and refuses. Eve
 of one sim goes through a single writer task, in the order the sim's state changed, so a
 ``serve_start`` can never land after the ``unload_start`` that ended the member's
 readiness. Callers that need the outcome await it; the rest is fire-and-forget.
+
+Every entry carries the writing process's ``boot`` id and a ``seq`` that grows by one per
+entry written: a write that failed leaves a gap the oracle counts as a lost write (a
+ledger that silently misses an ``unload_start`` could hide a cut request). A failed write
+is also logged at error level and counted (``write_failures``, in ``/control/state``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Self
@@ -83,6 +89,10 @@ class Ledger:
     def __init__(
         self, redis: aioredis.Redis, keys: Keys, gpu: str, member: str, *, max_entries: int
     ) -> None:
+        self.boot = uuid.uuid4().hex[:12]
+        """This process's id in the ledger (a restarted sim starts a new sequence)."""
+        self.write_failures = 0
+        self._seq = 0
         self._redis = redis
         self._resident = keys.sim_resident(gpu)
         self._stream = keys.sim_ledger(gpu)
@@ -109,12 +119,25 @@ class Ledger:
             await self._writer
         self._writer = None
 
+    def _stamp(self) -> list[str]:
+        """The identity fields of the next entry (called by the writer only)."""
+        return ["boot", self.boot, "seq", str(self._seq + 1)]
+
     async def _write_loop(self) -> None:
         while (op := await self._queue.get()) is not None:
             try:
                 value = await op.run()
             except Exception as exc:
-                log.warning("sim_ledger_write_failed", error=str(exc) or type(exc).__name__)
+                # The entry may be missing from the ledger: its sequence number is spent,
+                # so the gap shows (the oracle counts it), and the failure is loud here.
+                self._seq += 1
+                self.write_failures += 1
+                log.error(  # noqa: TRY400 - the error text is the point, not a traceback
+                    "sim_ledger_write_failed",
+                    member=self.member,
+                    seq=self._seq,
+                    error=str(exc) or type(exc).__name__,
+                )
                 if op.result is not None and not op.result.done():
                     op.result.set_exception(exc)
             else:
@@ -130,10 +153,12 @@ class Ledger:
         """Append ``event`` for this member after everything queued before it."""
         values = {"event": event.value, "member": self.member, **fields}
         pairs = _pairs(values)
-        mapping: dict[Any, Any] = dict(zip(pairs[::2], pairs[1::2], strict=True))
 
         async def run() -> None:
+            stamped = [*pairs, *self._stamp()]
+            mapping: dict[Any, Any] = dict(zip(stamped[::2], stamped[1::2], strict=True))
             await self._redis.xadd(self._stream, mapping, maxlen=int(self._max), approximate=True)
+            self._seq += 1
 
         self._queue.put_nowait(_Op(run, None))
 
@@ -143,8 +168,9 @@ class Ledger:
         async def run() -> Admission:
             args = [self.member, repr(gib), "" if capacity is None else repr(capacity), self._max]
             ok, used = await self._admit(
-                keys=[self._resident, self._stream], args=[*args, *_pairs(fields)]
+                keys=[self._resident, self._stream], args=[*args, *_pairs(fields), *self._stamp()]
             )
+            self._seq += 1  # both answers (load_start or oom) wrote an entry
             return Admission(bool(int(ok)), float(used))
 
         result: Admission = await asyncio.shield(self._submit(run))
@@ -154,8 +180,17 @@ class Ledger:
         """Free this member's memory and record ``unloaded``; True when something was freed."""
 
         async def run() -> bool:
-            args = [self.member, self._max, "1" if only_if_held else "0", *_pairs(fields)]
-            return bool(int(await self._release(keys=[self._resident, self._stream], args=args)))
+            args = [
+                self.member,
+                self._max,
+                "1" if only_if_held else "0",
+                *_pairs(fields),
+                *self._stamp(),
+            ]
+            wrote = bool(int(await self._release(keys=[self._resident, self._stream], args=args)))
+            if wrote:
+                self._seq += 1
+            return wrote
 
         result: bool = await asyncio.shield(self._submit(run))
         return result

@@ -65,6 +65,9 @@ class Ticket:
     """One admitted request, from arrival until its response ends."""
 
     request_id: str
+    number: int = 0
+    """This sim's own count of admitted requests: unique per process, whatever id the
+    client sent (the ledger tells requests apart by it)."""
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str | None = None
     started: bool = False
@@ -104,6 +107,7 @@ class ModelState:
         self._lock = asyncio.Lock()
         self._transition: asyncio.Task[None] | None = None
         self._tickets: set[Ticket] = set()
+        self._admitted = 0
 
     @property
     def phase(self) -> Phase:
@@ -143,6 +147,7 @@ class ModelState:
             "error": self.error,
             "in_flight": self.in_flight,
             "epoch": self.epoch,
+            "ledger_write_failures": self.ledger.write_failures if self.ledger else 0,
         }
 
     def _fence(self, epoch: int | None) -> None:
@@ -293,7 +298,8 @@ class ModelState:
         if self.phase is not Phase.READY:
             self._post(LedgerEvent.SERVE_REFUSED, request_id=request_id, state=self.phase.value)
             raise NotReady(self.error if self.phase is Phase.FAILED else LOADING_MESSAGE)
-        ticket = Ticket(request_id)
+        self._admitted += 1
+        ticket = Ticket(request_id, number=self._admitted)
         self._tickets.add(ticket)
         return ticket
 
@@ -303,11 +309,16 @@ class ModelState:
             ticket.halt("aborted")
             raise Halted(ticket.reason or "aborted")
         ticket.started = True
-        self._post(LedgerEvent.SERVE_START, request_id=ticket.request_id)
+        self._post(LedgerEvent.SERVE_START, request_id=ticket.request_id, ticket=ticket.number)
 
     def finish(self, ticket: Ticket, outcome: str) -> None:
         """The request ended (``completed``, ``disconnected`` or ``aborted``)."""
         self._tickets.discard(ticket)
         if ticket.started:
             ticket.started = False
-            self._post(LedgerEvent.SERVE_END, request_id=ticket.request_id, outcome=outcome)
+            self._post(
+                LedgerEvent.SERVE_END,
+                request_id=ticket.request_id,
+                ticket=ticket.number,
+                outcome=outcome,
+            )

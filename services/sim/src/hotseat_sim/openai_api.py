@@ -4,7 +4,8 @@ Shapes follow what the ``openai`` Python SDK parses: a stream is ``data: {chunk}
 events ending with ``data: [DONE]``; ``stream_options.include_usage`` adds a last chunk
 with ``usage`` and no choices. While the model is not loaded every endpoint answers 503
 like llama.cpp. A request header ``x-sim-status: <4xx|5xx>`` makes the sim answer that
-status with an OpenAI error body (for tests of how callers treat upstream errors).
+status with an OpenAI error body (for tests of how callers treat upstream errors);
+``x-sim-status: <member>=<status>`` does so only on that member's sim.
 """
 
 from __future__ import annotations
@@ -152,10 +153,15 @@ def parse_embeddings(raw: Any) -> EmbeddingRequest:
     return EmbeddingRequest(texts, body.get("model"), dimensions, encoding)
 
 
-def _forced(request: Request) -> JSONBody | None:
+def _forced(request: Request, member: str) -> JSONBody | None:
     value = request.headers.get(FORCE_STATUS_HEADER)
     if value is None:
         return None
+    target, sep, status_text = value.rpartition("=")
+    if sep:
+        if target != member:
+            return None
+        value = status_text
     if not value.isdigit() or not 400 <= int(value) <= 599:
         return invalid_request(f"{FORCE_STATUS_HEADER} must be a status code from 400 to 599")
     status = int(value)
@@ -176,7 +182,7 @@ async def _body(request: Request, sim: SimRuntime) -> Any:
 
 def _ticket(request: Request, sim: SimRuntime) -> Ticket | Response:
     """Admit the request, or the response that refuses it (forced status, not loaded)."""
-    if (forced := _forced(request)) is not None:
+    if (forced := _forced(request, sim.profile.member)) is not None:
         return forced
     try:
         return sim.model.admit(request_id(request))

@@ -12,6 +12,14 @@ checks are pure functions of a timeline::
     timeline = await read_timeline(redis, Keys(prefix), "gpu0")
     assert overlaps(timeline) == []
     assert served_while_not_resident(timeline) == []
+    assert cuts(timeline) == []
+
+A request is *in flight* on its member from its ``serve_start`` to its ``serve_end``
+(told apart by the sim's ``ticket``, never by the client's request id, which a client may
+repeat). An ``unload_start`` of the member while requests are in flight cuts them (the
+controller unloaded a member that was serving); so does an ``unloaded`` that a crash, a
+restart or a shutdown of the sim wrote. Each entry's ``boot`` and ``seq`` let
+:func:`lost_writes` find entries a sim failed to write.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import redis.asyncio as aioredis
 from hotseat_common.keys import Keys
 
 __all__ = [
+    "Cut",
     "LedgerEntry",
     "LedgerEvent",
     "Overlap",
@@ -34,7 +43,10 @@ __all__ = [
     "read_timeline",
     "refused_requests",
     "residencies",
+    "cuts",
+    "lost_writes",
     "served_while_not_resident",
+    "unloaded_while_serving",
 ]
 
 _PAGE = 1000
@@ -189,3 +201,72 @@ def served_while_not_resident(timeline: Sequence[LedgerEntry]) -> list[LedgerEnt
 def refused_requests(timeline: Sequence[LedgerEntry]) -> list[LedgerEntry]:
     """Requests that reached a member while it was not ready (a router dispatched too early)."""
     return [e for e in timeline if e.event is LedgerEvent.SERVE_REFUSED]
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """A request still in flight when its member's memory was taken away."""
+
+    request: LedgerEntry
+    """Its ``serve_start``."""
+    by: LedgerEntry
+    """The ``unload_start`` (or the ``unloaded`` of a crash, restart or shutdown) that cut it."""
+
+    @property
+    def request_id(self) -> str:
+        return self.request.fields.get("request_id", "")
+
+    @property
+    def cause(self) -> str:
+        """``unload`` when the controller unloaded it, else the sim's reason (``crash`` ...)."""
+        if self.by.event is LedgerEvent.UNLOAD_START:
+            return "unload"
+        return self.by.fields.get("reason", "unloaded")
+
+
+def _serve_key(entry: LedgerEntry) -> tuple[str, str]:
+    """Which request an entry is about: the sim's own ticket (client ids may repeat)."""
+    ticket = entry.fields.get("ticket")
+    if ticket is not None:
+        return entry.fields.get("boot", ""), ticket
+    return "", entry.fields.get("request_id", entry.id)  # entries written before tickets
+
+
+def cuts(timeline: Sequence[LedgerEntry]) -> list[Cut]:
+    """Every request cut by an unload (or a crash, restart or shutdown) of its member."""
+    in_flight: dict[str, dict[tuple[str, str], LedgerEntry]] = {}
+    found: list[Cut] = []
+    for entry in timeline:
+        serving = in_flight.setdefault(entry.member, {})
+        if entry.event is LedgerEvent.SERVE_START:
+            serving[_serve_key(entry)] = entry
+        elif entry.event is LedgerEvent.SERVE_END:
+            serving.pop(_serve_key(entry), None)
+        elif entry.event in {LedgerEvent.UNLOAD_START, LedgerEvent.UNLOADED}:
+            found.extend(Cut(request, entry) for request in serving.values())
+            serving.clear()
+    return found
+
+
+def unloaded_while_serving(timeline: Sequence[LedgerEntry]) -> list[LedgerEntry]:
+    """The ``unload_start`` entries of a member that had requests in flight."""
+    seen: dict[str, LedgerEntry] = {}
+    for cut in cuts(timeline):
+        if cut.by.event is LedgerEvent.UNLOAD_START:
+            seen.setdefault(cut.by.id, cut.by)
+    return sorted(seen.values(), key=lambda e: _order(e.id))
+
+
+def lost_writes(timeline: Sequence[LedgerEntry]) -> list[tuple[str, int]]:
+    """``(boot, seq)`` of every entry a sim numbered but the ledger does not hold (a write
+    that failed), after the first entry of each sim process the ledger still keeps."""
+    seqs: dict[str, list[int]] = {}
+    for entry in timeline:
+        boot, seq = entry.fields.get("boot"), entry.fields.get("seq")
+        if boot is not None and seq is not None and seq.isdigit():
+            seqs.setdefault(boot, []).append(int(seq))
+    missing: list[tuple[str, int]] = []
+    for boot, numbers in seqs.items():
+        present = set(numbers)
+        missing.extend((boot, n) for n in range(min(present), max(present)) if n not in present)
+    return missing
