@@ -6,7 +6,7 @@ MEMBERS := -e libs/common -e services/router -e services/pool-controller -e serv
 PYPROJECTS := pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fault soak check lint typecheck bench clean
+.PHONY: install system-deps run test test-fault soak check lint typecheck bench clean
 
 $(BIN)/.installed: $(PYPROJECTS)
 	$(PYTHON) -m venv $(VENV)
@@ -16,16 +16,20 @@ $(BIN)/.installed: $(PYPROJECTS)
 
 install: $(BIN)/.installed
 
+## Debian packages some tests need (libfaketime, redis-sentinel); installs only what is missing.
+system-deps:
+	bash scripts/system_deps.sh
+
 ## Start the whole stack (NATS and Redis reused or launched, sim GPUs, router, controller, audit).
 run: install
 	$(BIN)/hotseat up $(if $(CONFIG),--config $(CONFIG))
 
 ## Run the test suite against real NATS, Redis and PostgreSQL.
-test: install
+test: install system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Only the fault-injection tests (tests/fault, marker fault); docs/reliability.md lists them.
-test-fault: install
+test-fault: install system-deps
 	$(BIN)/python -m pytest -m fault $(PYTEST_ARGS)
 
 ## Chaos soak: a fleet under traffic while its processes are killed (SOAK_ARGS=--ci: 1 min).

@@ -109,13 +109,15 @@ def summary(samples: list[float]) -> str:
 def acquire_request(
     member: str, mode: PoolActivation = PoolActivation.WAIT, request_id: str | None = None
 ) -> AcquireRequest:
+    attempt = request_id or uuid.uuid4().hex
     return AcquireRequest(
         pool="gpu0",
         member=member,
         mode=mode,
-        request_id=request_id or uuid.uuid4().hex,
+        attempt=attempt,
+        request_id=attempt,
         router="bench",
-        deadline=time.time() + 30,
+        hold_s=30,
     )
 
 
@@ -158,7 +160,8 @@ async def router_client_pairs(
                 pool="gpu0",
                 member="a",
                 mode=PoolActivation.WAIT,
-                request_id=uuid.uuid4().hex,
+                attempt=uuid.uuid4().hex,
+                request_id="bench",
                 budget_s=30,
             )
             await client.release(lease)

@@ -91,22 +91,23 @@ async def test_fast_grant_matches_decide_acquire(redis_server: Managed, link: Re
             if state["held"]:
                 granted_before = await store.grant_if_resident(member, "old", "req", "r")
                 if granted_before is None:
-                    await client.hset(store.keys.pool_request_leases("gpu"), "req", "old")
+                    await client.hset(store.keys.pool_attempt_leases("gpu"), "req", "old")
             if state["waiting"]:
                 await client.zadd(store.keys.pool_waiters("gpu", member), {"req": 2**50})
             snap = await store.snapshot("req")
-            ask = AcquireAsk(member, PoolActivation.IF_IDLE, "req", "r", snap.now_ms + 1000, "new")
+            deadline = snap.now_ms + 1000
+            ask = AcquireAsk(member, PoolActivation.IF_IDLE, "req", "client", "r", deadline, "new")
             expected = decide_acquire(snap, ask, POLICY, "c")
             fresh_grant = isinstance(expected.reply, Granted) and expected.reply.lease_id == "new"
-            fast = await store.grant_if_resident(member, "new", "req", "r")
+            fast = await store.grant_if_resident(member, "new", "req", "r", request_id="client")
             assert (fast is not None) == fresh_grant, (state, snap, expected.reply, fast)
             verdicts[fresh_grant] += 1
             if fast is not None:
                 after = await store.snapshot("req")
-                assert after.request_lease is not None
-                assert after.request_lease.lease_id == "new"
-                assert after.request_lease.epoch == 5
-                assert not after.request_waiting
+                assert after.attempt_lease is not None
+                assert after.attempt_lease.lease_id == "new"
+                assert after.attempt_lease.epoch == 5
+                assert not after.attempt_waiting
             await store.reset()
     finally:
         await client.aclose()

@@ -19,10 +19,10 @@ from hotseat_common.messages import (
 from hotseat_common.subjects import Subjects
 from hotseat_pool_controller.state import (
     AcquireAsk,
+    AttemptLease,
     Phase,
     PoolPolicy,
     PoolSnapshot,
-    RequestLease,
     decide_acquire,
 )
 from hotseat_router.pool_client import NatsActivationClient
@@ -46,9 +46,9 @@ def test_retried_acquire_is_told_the_time_its_lease_has_left() -> None:
         phase=Phase.IDLE,
         resident="judge",
         epoch=7,
-        request_lease=RequestLease("judge", "lease-old", 7, expiry_ms=1_004_000),
+        attempt_lease=AttemptLease("judge", "lease-old", 7, expiry_ms=1_004_000),
     )
-    ask = AcquireAsk("judge", PoolActivation.WAIT, "r1", "router", 1_300_000, "lease-new")
+    ask = AcquireAsk("judge", PoolActivation.WAIT, "r1", "client", "router", 1_300_000, "lease-new")
     reply = decide_acquire(snap, ask, POLICY, "c1").reply
     assert isinstance(reply, Granted)
     assert (reply.lease_id, reply.ttl_s) == ("lease-old", 4.0)
@@ -72,11 +72,17 @@ async def test_a_grant_that_arrives_after_its_ttl_is_not_used(nc: NatsClient, pr
     await nc.subscribe(subjects.acquire, cb=controller)
     async with NatsActivationClient(nc, subjects, "r1") as client:
         lease = await client.acquire(
-            pool="gpu0", member="judge", mode=PoolActivation.WAIT, request_id="q1", budget_s=5
+            pool="gpu0",
+            member="judge",
+            mode=PoolActivation.WAIT,
+            attempt="a1",
+            request_id="q1",
+            budget_s=5,
         )
         await client.release(lease)
     assert lease.lease_id == "fresh"
-    assert [a.request_id for a in asks] == ["q1", "q1"]
+    assert [(a.attempt, a.request_id) for a in asks] == [("a1", "q1"), ("a1", "q1")]
+    assert asks[1].hold_s < asks[0].hold_s <= 5, "a re-ask carries what is left of the hold"
 
 
 async def test_unconfirmed_renewals_lose_the_lease_at_its_ttl(nc: NatsClient, prefix: str) -> None:
@@ -96,7 +102,12 @@ async def test_unconfirmed_renewals_lose_the_lease_at_its_ttl(nc: NatsClient, pr
     await nc.subscribe(subjects.renew, cb=renew)
     async with NatsActivationClient(nc, subjects, "r1") as client:
         lease = await client.acquire(
-            pool="gpu0", member="judge", mode=PoolActivation.WAIT, request_id="q2", budget_s=5
+            pool="gpu0",
+            member="judge",
+            mode=PoolActivation.WAIT,
+            attempt="a2",
+            request_id="q2",
+            budget_s=5,
         )
         proven_until = lease.valid_until
         await asyncio.wait_for(lease.lost.wait(), 30)

@@ -12,11 +12,11 @@ from hotseat_pool_controller.state import (
     AcquireAsk,
     AddLease,
     AddWaiter,
+    AttemptLease,
     Decision,
     Phase,
     PoolPolicy,
     PoolSnapshot,
-    RequestLease,
     SetState,
     decide_acquire,
     decide_admin_swap,
@@ -56,8 +56,8 @@ def snap(**fields: object) -> PoolSnapshot:
     return PoolSnapshot(**base)  # type: ignore[arg-type]
 
 
-def ask(member: str, mode: PoolActivation = WAIT, request_id: str = "r1") -> AcquireAsk:
-    return AcquireAsk(member, mode, request_id, "router-a", NOW + 300_000, "lease-new")
+def ask(member: str, mode: PoolActivation = WAIT, attempt: str = "r1") -> AcquireAsk:
+    return AcquireAsk(member, mode, attempt, "client-1", "router-a", NOW + 300_000, "lease-new")
 
 
 def test_resident_idle_is_granted_at_once() -> None:
@@ -181,7 +181,7 @@ def test_resident_waiters_count_as_busy_just_after_a_swap() -> None:
 
 def test_refused_waiter_leaves_the_queue() -> None:
     """A waiting request that is then told busy is removed from the waiters at once."""
-    s = snap(resident="judge", leases={"judge": 1}, request_waiting=True)
+    s = snap(resident="judge", leases={"judge": 1}, attempt_waiting=True)
     d = decide_acquire(s, ask("coder", IF_IDLE), POLICY, ME)
     assert isinstance(d.reply, IncumbentBusyReply)
     assert [type(op).__name__ for op in d.ops] == ["RemoveWaiter"]
@@ -203,14 +203,14 @@ def test_queue_full_rejects_new_waiters_only() -> None:
     assert isinstance(full.reply, ErrorReply)
     assert full.reply.code == "pool_queue_full"
     assert full.reply.retry_after_s is not None
-    again = decide_acquire(replace(s, request_waiting=True), ask("coder"), POLICY, ME)
+    again = decide_acquire(replace(s, attempt_waiting=True), ask("coder"), POLICY, ME)
     assert isinstance(again.reply, WaitReply)
     assert again.pre.waiter_cap is None
 
 
 def test_retried_acquire_gets_the_same_lease() -> None:
     """A retried acquire with the same request id yields the lease it already holds."""
-    s = snap(resident="judge", request_lease=RequestLease("judge", "lease-old", 7))
+    s = snap(resident="judge", attempt_lease=AttemptLease("judge", "lease-old", 7))
     d = decide_acquire(s, ask("judge"), POLICY, ME)
     assert isinstance(d.reply, Granted)
     assert d.reply.lease_id == "lease-old"

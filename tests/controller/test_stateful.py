@@ -139,7 +139,7 @@ class ControllerMachine(RuleBasedStateMachine):
         lease_id = f"L{self.n}"
 
         def decide(s: PoolSnapshot) -> Decision:
-            ask = AcquireAsk(member, mode, request_id, "r", s.now_ms + 600_000, lease_id)
+            ask = AcquireAsk(member, mode, request_id, "client", "r", s.now_ms + 600_000, lease_id)
             return decide_acquire(s, ask, POLICY, controller, slots_busy=None)
 
         decision = self.decide(decide, request_id)

@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import redis.asyncio as aioredis
 
@@ -161,13 +162,16 @@ async def test_no_controller_fails_pooled_requests_at_once(make_stack: MakeFault
 
 
 async def _request_leases(stack: FaultStack, request_id: str) -> tuple[str | None, int]:
-    """(the lease of ``request_id`` in Redis, live leases on judge)."""
+    """(the lease granted to the client request ``request_id``, live leases on judge)."""
     client: aioredis.Redis = aioredis.from_url(stack.redis_url, decode_responses=True)
     try:
         keys = Keys(stack.prefix)
-        lease = await client.hget(keys.pool_request_leases("gpu0"), request_id)
+        metas = await client.hgetall(keys.pool_lease_meta("gpu0"))
+        mine = [
+            lease for lease, meta in metas.items() if orjson.loads(meta)["request_id"] == request_id
+        ]
         count = await client.zcard(keys.pool_leases("gpu0", "judge"))
-        return lease, int(count)
+        return (mine[0] if mine else None), int(count)
     finally:
         await client.aclose()
 

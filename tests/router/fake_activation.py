@@ -14,6 +14,7 @@ class Acquire:
     pool: str
     member: str
     mode: PoolActivation
+    attempt: str
     request_id: str
     budget_s: float
 
@@ -37,10 +38,11 @@ class FakeActivation:
         pool: str,
         member: str,
         mode: PoolActivation,
+        attempt: str,
         request_id: str,
         budget_s: float,
     ) -> Lease:
-        self.acquires.append(Acquire(pool, member, mode, request_id, budget_s))
+        self.acquires.append(Acquire(pool, member, mode, attempt, request_id, budget_s))
         self.asked.set()
         if member in self.hold:
             await self.hold[member].wait()
@@ -50,7 +52,7 @@ class FakeActivation:
         self.granted.append(lease)
         return lease
 
-    async def release(self, lease: Lease) -> None:
+    async def release(self, lease: Lease, *, confirm: bool = False) -> None:
         self.released.append(lease)
         self.released_event.set()
 

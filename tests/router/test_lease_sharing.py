@@ -83,7 +83,12 @@ async def client(nc: NatsClient, prefix: str) -> AsyncIterator[NatsActivationCli
 
 async def acquire(client: NatsActivationClient, request_id: str, member: str = "judge") -> Lease:
     return await client.acquire(
-        pool="gpu0", member=member, mode=PoolActivation.IF_IDLE, request_id=request_id, budget_s=5
+        pool="gpu0",
+        member=member,
+        mode=PoolActivation.IF_IDLE,
+        attempt=f"attempt-{request_id}",
+        request_id=request_id,
+        budget_s=5,
     )
 
 

@@ -265,8 +265,10 @@ async def test_sim_records_a_request_cut_by_an_unload(
         redis,
         keys,
         "gpu0",
-        lambda t: any(e.event is LedgerEvent.UNLOADED for e in t)
-        and any(e.event is LedgerEvent.SERVE_END for e in t),
+        lambda t: (
+            any(e.event is LedgerEvent.UNLOADED for e in t)
+            and any(e.event is LedgerEvent.SERVE_END for e in t)
+        ),
     )
     await stream.close()
     found = cuts(timeline)

@@ -27,15 +27,15 @@ class Keys:
         return f"{self._pool(pool)}:leases:{member}"
 
     def pool_lease_meta(self, pool: str) -> str:
-        """HASH lease_id -> JSON (member, request id, router, epoch)."""
+        """HASH lease_id -> JSON (member, attempt, client request id, router, epoch)."""
         return f"{self._pool(pool)}:lease-meta"
 
-    def pool_request_leases(self, pool: str) -> str:
-        """HASH request_id -> lease_id, so a retried acquire gets the same lease."""
-        return f"{self._pool(pool)}:request-leases"
+    def pool_attempt_leases(self, pool: str) -> str:
+        """HASH attempt -> lease_id, so a re-asked acquire of one attempt gets the same lease."""
+        return f"{self._pool(pool)}:attempt-leases"
 
     def pool_waiters(self, pool: str, member: str) -> str:
-        """ZSET request_id -> deadline (ms) of requests held for ``member``."""
+        """ZSET attempt -> deadline (ms, Redis clock) of requests held for ``member``."""
         return f"{self._pool(pool)}:waiters:{member}"
 
     def pool_swap_times(self, pool: str) -> str:

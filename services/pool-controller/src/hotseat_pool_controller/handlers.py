@@ -166,7 +166,7 @@ class ActivationHandlers:
         pool = self._pool(request.pool)
         if pool is None:
             return Ack(ok=False, code="unknown_pool", message=f"no pool {request.pool!r}")
-        return Ack(ok=await pool.cancel(request.member, request.request_id))
+        return Ack(ok=await pool.cancel(request.member, request.attempt))
 
     async def _report(self, data: bytes) -> WireModel:
         report = DispatchFailureReport.from_bytes(data)

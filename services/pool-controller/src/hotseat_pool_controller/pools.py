@@ -86,11 +86,11 @@ class PoolRuntime:
             log.warning("idle_check_failed", pool=self.name, member=member, error=str(exc))
             return True
 
-    async def _decide(self, decide: Decide, request_id: str = "") -> Decision:
-        decision, _ = await self.store.decide(lambda s: decide(s, None), request_id)
+    async def _decide(self, decide: Decide, attempt: str = "") -> Decision:
+        decision, _ = await self.store.decide(lambda s: decide(s, None), attempt)
         if decision.need_idle_check is not None:
             busy = await self._slots_busy(decision.need_idle_check)
-            decision, _ = await self.store.decide(lambda s: decide(s, busy), request_id)
+            decision, _ = await self.store.decide(lambda s: decide(s, busy), attempt)
         await self._after_step(decision, "decision")
         return decision
 
@@ -141,18 +141,24 @@ class PoolRuntime:
     async def acquire(self, request: AcquireRequest) -> Reply:
         lease_id = uuid.uuid4().hex
         fast = await self.store.grant_if_resident(
-            request.member, lease_id, request.request_id, request.router
+            request.member,
+            lease_id,
+            request.attempt,
+            request.router,
+            request_id=request.request_id,
         )
         if fast is not None:
             self.announcer.metrics.acquires.labels(self.name, request.member, fast.status).inc()
             return fast
 
+        # The router sends how long it holds the request; the deadline is on Redis's clock.
+        hold_ms = int(request.hold_s * 1000)
+
         def decide(snap: PoolSnapshot, slots_busy: bool | None) -> Decision:
-            # The hold deadline is on the router's clock; Redis time is the store's clock.
-            hold_ms = max(0, int((request.deadline - time.time()) * 1000))
             ask = AcquireAsk(
                 member=request.member,
                 mode=request.mode,
+                attempt=request.attempt,
                 request_id=request.request_id,
                 router=request.router,
                 deadline_ms=snap.now_ms + hold_ms,
@@ -160,7 +166,7 @@ class PoolRuntime:
             )
             return decide_acquire(snap, ask, self.policy, self.controller, slots_busy=slots_busy)
 
-        decision = await self._decide(decide, request.request_id)
+        decision = await self._decide(decide, request.attempt)
         reply = decision.reply or ErrorReply(code="internal_error", message="no decision")
         self.announcer.metrics.acquires.labels(self.name, request.member, reply.status).inc()
         return reply
@@ -174,8 +180,8 @@ class PoolRuntime:
     async def renew(self, member: str, lease_id: str) -> bool:
         return await self.store.renew(member, lease_id)
 
-    async def cancel(self, member: str, request_id: str) -> bool:
-        removed = await self.store.cancel(member, request_id)
+    async def cancel(self, member: str, attempt: str) -> bool:
+        removed = await self.store.cancel(member, attempt)
         self.wake.set()
         return removed
 

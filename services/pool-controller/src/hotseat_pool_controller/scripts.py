@@ -22,14 +22,14 @@ for i, m in ipairs(spec.members) do
     failure = redis.call('PTTL', m.failure),
     waiting = 0,
   }
-  if spec.request_id ~= '' then
-    local s = redis.call('ZSCORE', m.waiters, spec.request_id)
+  if spec.attempt ~= '' then
+    local s = redis.call('ZSCORE', m.waiters, spec.attempt)
     if s and tonumber(s) > now then entry.waiting = 1 end
   end
   out.members[i] = entry
 end
-if spec.request_id ~= '' then
-  local lease = redis.call('HGET', spec.request_leases, spec.request_id)
+if spec.attempt ~= '' then
+  local lease = redis.call('HGET', spec.attempt_leases, spec.attempt)
   if lease then
     local meta = redis.call('HGET', spec.lease_meta, lease)
     if meta then
@@ -88,7 +88,7 @@ for _, op in ipairs(spec.ops) do
   elseif op.op == 'lease' then
     redis.call('ZADD', op.key, op.expiry, op.id)
     redis.call('HSET', op.meta_key, op.id, op.meta)
-    redis.call('HSET', op.request_key, op.request_id, op.id)
+    redis.call('HSET', op.attempt_key, op.attempt, op.id)
   elseif op.op == 'zadd' then
     redis.call('ZADD', op.key, op.score, op.member)
   elseif op.op == 'zrem' then
@@ -119,7 +119,7 @@ return 1
 RELEASE = (
     _NOW
     + """
--- KEYS: leases, lease-meta, request-leases, state, waiters of every other member...
+-- KEYS: leases, lease-meta, attempt-leases, state, waiters of every other member...
 -- Returns {removed, live leases left on the member, phase, live waiters for the other
 -- members} so the caller wakes the supervisor only when the release can move the pool
 -- (the member's own waiters are granted when they ask again, not by a release).
@@ -127,8 +127,8 @@ local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 local meta = redis.call('HGET', KEYS[2], ARGV[1])
 if meta then
   local m = cjson.decode(meta)
-  if m.request_id and redis.call('HGET', KEYS[3], m.request_id) == ARGV[1] then
-    redis.call('HDEL', KEYS[3], m.request_id)
+  if m.attempt and redis.call('HGET', KEYS[3], m.attempt) == ARGV[1] then
+    redis.call('HDEL', KEYS[3], m.attempt)
   end
   redis.call('HDEL', KEYS[2], ARGV[1])
 end
@@ -140,16 +140,21 @@ return {removed, left, redis.call('HGET', KEYS[4], 'phase') or '', waiters}
 )
 
 CANCEL = """
--- A request gives up: leave the waiters, and free any lease it was granted but never
--- learned of (its acquire reply was lost or came after the caller left).
--- KEYS: waiters of the member, request-leases, lease-meta, leases of the member
+-- An attempt gives up on a member: leave that member's waiters, and free a lease on that
+-- member it was granted but never learned of (its acquire reply was lost or came after
+-- the caller left). A lease the attempt holds on another member is not this cancel's.
+-- KEYS: waiters of the member, attempt-leases, lease-meta, leases of the member
+-- ARGV: attempt, member
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 local lease = redis.call('HGET', KEYS[2], ARGV[1])
 if lease then
-  redis.call('ZREM', KEYS[4], lease)
-  redis.call('HDEL', KEYS[3], lease)
-  redis.call('HDEL', KEYS[2], ARGV[1])
-  removed = removed + 1
+  local meta = redis.call('HGET', KEYS[3], lease)
+  if meta and cjson.decode(meta).member == ARGV[2] then
+    redis.call('ZREM', KEYS[4], lease)
+    redis.call('HDEL', KEYS[3], lease)
+    redis.call('HDEL', KEYS[2], ARGV[1])
+    removed = removed + 1
+  end
 end
 return removed
 """
@@ -166,9 +171,9 @@ for _, m in ipairs(spec.members) do
     local meta = redis.call('HGET', spec.lease_meta, id)
     if meta then
       local decoded = cjson.decode(meta)
-      local rid = decoded.request_id
-      if rid and redis.call('HGET', spec.request_leases, rid) == id then
-        redis.call('HDEL', spec.request_leases, rid)
+      local attempt = decoded.attempt
+      if attempt and redis.call('HGET', spec.attempt_leases, attempt) == id then
+        redis.call('HDEL', spec.attempt_leases, attempt)
       end
       redis.call('HDEL', spec.lease_meta, id)
     end
@@ -191,7 +196,9 @@ local st = redis.call('HMGET', KEYS[1], 'phase', 'resident', 'epoch')
 if (st[1] ~= 'idle' and st[1] ~= 'draining') or st[2] ~= ARGV[1] then return {0} end
 if redis.call('HGET', KEYS[4], ARGV[4]) then return {0} end
 if redis.call('EXISTS', KEYS[6]) == 1 then return {0} end
-local meta = cjson.encode({member = ARGV[1], request_id = ARGV[4], router = ARGV[5], epoch = st[3]})
+-- ARGV: member, lease id, ttl ms, attempt, router, client request id
+local meta = cjson.encode({member = ARGV[1], attempt = ARGV[4], request_id = ARGV[6],
+                           router = ARGV[5], epoch = st[3]})
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[2])
 redis.call('HSET', KEYS[3], ARGV[2], meta)
 redis.call('HSET', KEYS[4], ARGV[4], ARGV[2])

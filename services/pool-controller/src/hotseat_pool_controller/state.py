@@ -69,7 +69,9 @@ class PoolPolicy:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestLease:
+class AttemptLease:
+    """The lease an attempt already holds (a re-asked acquire gets it again)."""
+
     member: str
     lease_id: str
     epoch: int
@@ -102,8 +104,9 @@ class PoolSnapshot:
     failures: Mapping[str, int] = field(default_factory=dict)
     """member -> milliseconds left of its swap-failure backoff."""
     swap_times: tuple[float, ...] = ()
-    request_lease: RequestLease | None = None
-    request_waiting: bool = False
+    attempt_lease: AttemptLease | None = None
+    attempt_waiting: bool = False
+    """The asking attempt is one of the pool's live waiters already."""
 
     def live_leases(self, member: str | None) -> int:
         return self.leases.get(member, 0) if member else 0
@@ -132,21 +135,21 @@ class AddLease:
     member: str
     lease_id: str
     expiry_ms: int
-    request_id: str
+    attempt: str
     meta: str
 
 
 @dataclass(frozen=True, slots=True)
 class AddWaiter:
     member: str
-    request_id: str
+    attempt: str
     deadline_ms: int
 
 
 @dataclass(frozen=True, slots=True)
 class RemoveWaiter:
     member: str
-    request_id: str
+    attempt: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,9 +235,13 @@ NOTHING = Decision()
 class AcquireAsk:
     member: str
     mode: PoolActivation
+    attempt: str
+    """The router's attempt: the key of the waiter and the lease."""
     request_id: str
+    """The client's request id (audit only)."""
     router: str
     deadline_ms: int
+    """When the router stops holding the request (Redis clock)."""
     lease_id: str
     """A fresh id the decision may use if it grants."""
 
@@ -286,11 +293,11 @@ def _needs_slots(snap: PoolSnapshot, policy: PoolPolicy, slots_busy: bool | None
 
 def _cap(snap: PoolSnapshot, policy: PoolPolicy) -> int | None:
     """The waiter cap precondition, unless this request already counts as a waiter."""
-    return None if snap.request_waiting else policy.max_waiters
+    return None if snap.attempt_waiting else policy.max_waiters
 
 
 def _queue_full(snap: PoolSnapshot, policy: PoolPolicy) -> ErrorReply | None:
-    if snap.request_waiting or snap.total_waiters < policy.max_waiters:
+    if snap.attempt_waiting or snap.total_waiters < policy.max_waiters:
         return None
     return ErrorReply(
         code="pool_queue_full",
@@ -364,9 +371,9 @@ def decide_acquire(
         )
     if snap.phase == Phase.UNKNOWN:
         return Decision(reply=WaitReply(reason="reconciling", epoch=snap.epoch, retry_after_s=1.0))
-    held = snap.request_lease
+    held = snap.attempt_lease
     if held is not None and held.member == ask.member:
-        # A retried acquire (same request id) gets the lease it already has, with the time
+        # A re-asked acquire (same attempt) gets the lease it already has, with the time
         # that lease has left: the router must not believe it lives longer than it does.
         left_ms = held.expiry_ms - snap.now_ms if held.expiry_ms else policy.lease_ttl_ms
         return Decision(
@@ -394,7 +401,7 @@ def decide_acquire(
                 epoch=snap.epoch,
                 retry_after_s=retry_after_s(snap),
             ),
-            ops=(AddWaiter(ask.member, ask.request_id, ask.deadline_ms),),
+            ops=(AddWaiter(ask.member, ask.attempt, ask.deadline_ms),),
             pre=Preconditions(version=snap.version, waiter_cap=_cap(snap, policy)),
         )
     # The member is not resident, and no swap is in flight (idle or draining).
@@ -408,7 +415,7 @@ def decide_acquire(
             )
         if (full := _queue_full(snap, policy)) is not None:
             return Decision(reply=full)
-        ops: list[Op] = [AddWaiter(ask.member, ask.request_id, ask.deadline_ms)]
+        ops: list[Op] = [AddWaiter(ask.member, ask.attempt, ask.deadline_ms)]
         target = snap.target if snap.phase == Phase.DRAINING else ask.member
         if snap.phase == Phase.IDLE:
             ops.append(SetState({"phase": Phase.DRAINING.value, "target": ask.member}))
@@ -437,7 +444,7 @@ def decide_acquire(
             epoch=order.epoch,
             retry_after_s=retry_after_s(snap),
         ),
-        ops=(state, AddWaiter(ask.member, ask.request_id, ask.deadline_ms)),
+        ops=(state, AddWaiter(ask.member, ask.attempt, ask.deadline_ms)),
         pre=Preconditions(
             version=pre.version,
             zero_leases=pre.zero_leases,
@@ -451,23 +458,24 @@ def decide_acquire(
 
 def _withdraw(snap: PoolSnapshot, ask: AcquireAsk) -> tuple[Op, ...]:
     """A request that stops waiting (told busy or failed) leaves the waiters at once."""
-    return (RemoveWaiter(ask.member, ask.request_id),) if snap.request_waiting else ()
+    return (RemoveWaiter(ask.member, ask.attempt),) if snap.attempt_waiting else ()
 
 
 def _grant(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy) -> Decision:
     meta = json.dumps(
         {
             "member": ask.member,
+            "attempt": ask.attempt,
             "request_id": ask.request_id,
             "router": ask.router,
             "epoch": snap.epoch,
         }
     )
     ops: list[Op] = [
-        AddLease(ask.member, ask.lease_id, snap.now_ms + policy.lease_ttl_ms, ask.request_id, meta)
+        AddLease(ask.member, ask.lease_id, snap.now_ms + policy.lease_ttl_ms, ask.attempt, meta)
     ]
-    if snap.request_waiting:
-        ops.append(RemoveWaiter(ask.member, ask.request_id))
+    if snap.attempt_waiting:
+        ops.append(RemoveWaiter(ask.member, ask.attempt))
     return Decision(
         reply=Granted(lease_id=ask.lease_id, ttl_s=policy.lease_ttl_ms / 1000, epoch=snap.epoch),
         ops=tuple(ops),

@@ -20,6 +20,7 @@ from hotseat_pool_controller.redis_link import LuaScript, RedisLink
 from hotseat_pool_controller.state import (
     AddLease,
     AddWaiter,
+    AttemptLease,
     ClearWaiters,
     Decision,
     Op,
@@ -28,7 +29,6 @@ from hotseat_pool_controller.state import (
     PoolSnapshot,
     RecordSwapTime,
     RemoveWaiter,
-    RequestLease,
     SetFailure,
     SetState,
     retry_after_s,
@@ -71,7 +71,7 @@ class PoolStore:
         pool = policy.name
         self._state = keys.pool_state(pool)
         self._lease_meta = keys.pool_lease_meta(pool)
-        self._request_leases = keys.pool_request_leases(pool)
+        self._attempt_leases = keys.pool_attempt_leases(pool)
         self._swap_times = keys.pool_swap_times(pool)
         self._member_keys = [
             {
@@ -86,7 +86,7 @@ class PoolStore:
         # Every key of the pool, declared as KEYS to the scripts that take their key names
         # in a JSON spec: a script touches only declared keys (Redis Cluster's rule, and
         # what proxies that route by KEYS rely on); all share the pool's hash tag.
-        self._all_keys = [self._state, self._lease_meta, self._request_leases, self._swap_times]
+        self._all_keys = [self._state, self._lease_meta, self._attempt_leases, self._swap_times]
         for member in self._member_keys:
             self._all_keys += [member["leases"], member["waiters"], member["failure"]]
         self._snapshot = LuaScript(scripts.SNAPSHOT)
@@ -99,12 +99,13 @@ class PoolStore:
 
     # --- reads --------------------------------------------------------------------
 
-    async def snapshot(self, request_id: str = "") -> PoolSnapshot:
+    async def snapshot(self, attempt: str = "") -> PoolSnapshot:
+        """The pool, and (``attempt`` given) whether that attempt waits or holds a lease."""
         spec = {
             "state": self._state,
             "members": self._member_keys,
-            "request_id": request_id,
-            "request_leases": self._request_leases,
+            "attempt": attempt,
+            "attempt_leases": self._attempt_leases,
             "lease_meta": self._lease_meta,
             "lease_keys": self._lease_keys,
             "swap_times": self._swap_times,
@@ -151,11 +152,11 @@ class PoolStore:
         return Applied(int(result))
 
     async def decide(
-        self, decide: Callable[[PoolSnapshot], Decision], request_id: str = ""
+        self, decide: Callable[[PoolSnapshot], Decision], attempt: str = ""
     ) -> tuple[Decision, PoolSnapshot]:
         """Snapshot, decide, apply; again from a fresh snapshot while a precondition broke."""
         for _ in range(MAX_ATTEMPTS):
-            snap = await self.snapshot(request_id)
+            snap = await self.snapshot(attempt)
             decision = decide(snap)
             applied = await self.apply(decision)
             if applied is Applied.OK:
@@ -182,21 +183,21 @@ class PoolStore:
                     "id": op.lease_id,
                     "meta_key": self._lease_meta,
                     "meta": op.meta,
-                    "request_key": self._request_leases,
-                    "request_id": op.request_id,
+                    "attempt_key": self._attempt_leases,
+                    "attempt": op.attempt,
                 }
             case AddWaiter():
                 return {
                     "op": "zadd",
                     "key": self.keys.pool_waiters(pool, op.member),
                     "score": op.deadline_ms,
-                    "member": op.request_id,
+                    "member": op.attempt,
                 }
             case RemoveWaiter():
                 return {
                     "op": "zrem",
                     "key": self.keys.pool_waiters(pool, op.member),
-                    "member": op.request_id,
+                    "member": op.attempt,
                 }
             case ClearWaiters():
                 return {"op": "del", "key": self.keys.pool_waiters(pool, op.member)}
@@ -216,7 +217,7 @@ class PoolStore:
                 }
 
     async def grant_if_resident(
-        self, member: str, lease_id: str, request_id: str, router: str
+        self, member: str, lease_id: str, attempt: str, router: str, *, request_id: str = ""
     ) -> Granted | None:
         """One round trip for the common case (see scripts.GRANT_FAST); None: not applicable."""
         key = self._lease_keys.get(member)
@@ -229,11 +230,11 @@ class PoolStore:
                 self._state,
                 key,
                 self._lease_meta,
-                self._request_leases,
+                self._attempt_leases,
                 self.keys.pool_waiters(pool, member),
                 self.keys.pool_failure(pool, member),
             ],
-            args=[member, lease_id, self.policy.lease_ttl_ms, request_id, router],
+            args=[member, lease_id, self.policy.lease_ttl_ms, attempt, router, request_id],
         )
         if int(result[0]) != 1:
             return None
@@ -261,7 +262,7 @@ class PoolStore:
             keys=[
                 key,
                 self._lease_meta,
-                self._request_leases,
+                self._attempt_leases,
                 self._state,
                 *(m["waiters"] for m in self._member_keys if m["name"] != member),
             ],
@@ -273,7 +274,8 @@ class PoolStore:
         may_move = int(left) == 0 and (phase == Phase.DRAINING.value or int(waiters) > 0)
         return Released(removed=bool(removed), may_move=may_move)
 
-    async def cancel(self, member: str, request_id: str) -> bool:
+    async def cancel(self, member: str, attempt: str) -> bool:
+        """``attempt`` gives up on ``member``: its waiter there and its lease on it go."""
         key = self._lease_keys.get(member)
         if key is None:
             return False
@@ -281,11 +283,11 @@ class PoolStore:
             self._cancel,
             keys=[
                 self.keys.pool_waiters(self.policy.name, member),
-                self._request_leases,
+                self._attempt_leases,
                 self._lease_meta,
                 key,
             ],
-            args=[request_id],
+            args=[attempt, member],
         )
         return bool(removed)
 
@@ -294,7 +296,7 @@ class PoolStore:
         spec = {
             "members": self._member_keys,
             "lease_meta": self._lease_meta,
-            "request_leases": self._request_leases,
+            "attempt_leases": self._attempt_leases,
         }
         raw = await self.link.script(self._reap, keys=self._all_keys, args=[orjson.dumps(spec)])
         expired: list[ExpiredLease] = []
@@ -345,8 +347,8 @@ def _parse_snapshot(raw: dict[str, Any]) -> PoolSnapshot:
         waiters={m["name"]: int(m["waiters"]) for m in members},
         failures={m["name"]: int(m["failure"]) for m in members if int(m["failure"]) > 0},
         swap_times=tuple(float(s) for s in swap_times),
-        request_lease=(
-            RequestLease(
+        attempt_lease=(
+            AttemptLease(
                 member=lease["member"],
                 lease_id=lease["id"],
                 epoch=int(lease["epoch"]),
@@ -355,5 +357,5 @@ def _parse_snapshot(raw: dict[str, Any]) -> PoolSnapshot:
             if isinstance(lease, dict)
             else None
         ),
-        request_waiting=any(int(m.get("waiting", 0)) for m in members),
+        attempt_waiting=any(int(m.get("waiting", 0)) for m in members),
     )

@@ -25,10 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from hotseat_common.config.model import PoolActivation
+
+
+def new_attempt(router: str) -> str:
+    """A fresh id for one try of one backend by this router: the key of its waiter and its
+    lease at the controller (never anything a client sent, so no client can make two
+    requests share a lease)."""
+    return f"{router}-{os.urandom(9).hex()}"
 
 
 @dataclass
@@ -40,6 +48,10 @@ class Lease:
     lease_id: str
     epoch: int
     ttl_s: float
+    attempt: str = ""
+    """The attempt that was granted the lease."""
+    request_id: str = ""
+    """The client's request id of that attempt (audit only)."""
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the controller refused a renewal: the member may no longer be resident."""
     valid_until: float = math.inf
@@ -57,18 +69,22 @@ class ActivationClient(Protocol):
         pool: str,
         member: str,
         mode: PoolActivation,
+        attempt: str,
         request_id: str,
         budget_s: float,
     ) -> Lease:
         """Hold until ``member`` is resident and leased, for at most ``budget_s`` seconds.
 
-        Cancelling the awaiting task (client disconnect) withdraws the request from the
-        pool's waiters.
+        ``attempt`` (from :func:`new_attempt`) names this try at the controller;
+        ``request_id`` is the client's, for audit. Cancelling the awaiting task (client
+        disconnect) withdraws the attempt from the pool's waiters.
         """
         ...
 
-    async def release(self, lease: Lease) -> None:
-        """Give the lease back (idempotent, never raises)."""
+    async def release(self, lease: Lease, *, confirm: bool = False) -> None:
+        """Give the lease back (idempotent, never raises). ``confirm``: return only once the
+        controller has it (or could not be reached), so that a next acquire of the same
+        request never finds its own lease still there."""
         ...
 
     async def report_failure(self, lease: Lease, *, request_id: str, reason: str) -> None:
@@ -85,12 +101,21 @@ class DirectActivation:
         pool: str,
         member: str,
         mode: PoolActivation,
+        attempt: str,
         request_id: str,
         budget_s: float,
     ) -> Lease:
-        return Lease(pool=pool, member=member, lease_id=f"direct-{request_id}", epoch=0, ttl_s=0)
+        return Lease(
+            pool=pool,
+            member=member,
+            lease_id=f"direct-{attempt}",
+            epoch=0,
+            ttl_s=0,
+            attempt=attempt,
+            request_id=request_id,
+        )
 
-    async def release(self, lease: Lease) -> None:
+    async def release(self, lease: Lease, *, confirm: bool = False) -> None:
         return None
 
     async def report_failure(self, lease: Lease, *, request_id: str, reason: str) -> None:

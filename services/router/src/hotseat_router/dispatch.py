@@ -35,7 +35,7 @@ from hotseat_common.errors import (
 )
 from hotseat_common.logging import get_logger
 from hotseat_common.metrics import RouterMetrics
-from hotseat_router.activation import ActivationClient, Lease
+from hotseat_router.activation import ActivationClient, Lease, new_attempt
 from hotseat_router.audit import RequestAudit
 from hotseat_router.body import RoutingFields, with_model
 from hotseat_router.context import RequestContext
@@ -164,7 +164,10 @@ class Dispatcher:
             raise
         if response is None:
             if lease is not None:
-                await self._activation.release(lease)
+                # The walk goes on, maybe to another member of the same pool: its acquire
+                # must not find this request's own lease still live (it would be skipped as
+                # busy because of itself), so the release is confirmed first.
+                await self._activation.release(lease, confirm=True)
             return None
         self._health.succeeded(backend.name)
         return Dispatched(backend=backend, response=response, lease=lease)
@@ -188,6 +191,7 @@ class Dispatcher:
                     pool=pool,
                     member=member,
                     mode=route.activation,
+                    attempt=new_attempt(self._router),
                     request_id=ctx.request_id,
                     budget_s=budget,
                 )

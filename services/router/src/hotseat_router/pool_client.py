@@ -19,7 +19,14 @@ Otherwise the hot path is one NATS request (acquire) and one publish (release, w
 needs no answer: a release that is lost leaves a lease that expires by its TTL, exactly
 as when its reply would have been lost). Renewals for every held lease come from one
 background task per client, not one per lease: most leases end before their first
-renewal is due.
+renewal is due. A release the caller must see done before its next acquire (a fallback
+to another member of the same pool) is asked as a request instead.
+
+**Identity and time.** A waiter and a lease at the controller belong to one attempt
+(:func:`~hotseat_router.activation.new_attempt`), never to the client's request id. Each
+question carries what is left of the hold as a duration on this process's monotonic
+clock; the controller anchors it to its store's clock, so this host's wall clock plays
+no part.
 """
 
 from __future__ import annotations
@@ -27,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import time
 from dataclasses import dataclass, field, replace
 from typing import Self
 
@@ -173,6 +179,7 @@ class NatsActivationClient:
         pool: str,
         member: str,
         mode: PoolActivation,
+        attempt: str,
         request_id: str,
         budget_s: float,
     ) -> Lease:
@@ -185,45 +192,47 @@ class NatsActivationClient:
             pool=pool,
             member=member,
             mode=mode,
+            attempt=attempt,
             request_id=request_id,
             router=self._router,
-            deadline=time.time() + budget_s,
+            hold_s=budget_s,
         )
         try:
             while True:
                 signal = self._signal(pool)
                 generation, changed = signal.generation, signal.changed
-                reply, asked_at = await self._ask(request, deadline - loop.time())
+                reply, asked_at = await self._ask(request, deadline)
                 if isinstance(reply, Granted):
                     if loop.time() < asked_at + reply.ttl_s:
-                        return self._granted(pool, member, reply, asked_at)
+                        return self._granted(request, reply, asked_at)
                     # The grant came too late to prove anything (this loop stalled, or the
                     # link was slow): the lease may be gone and the member swapped away.
-                    # Ask again: the controller answers with the truth for this request.
+                    # Ask again: the controller answers with the truth for this attempt.
                     log.warning("acquire_grant_stale", pool=pool, request_id=request_id)
                     continue
                 waiting = _expect_wait(pool, reply)
                 await self._wait_for_change(signal, generation, changed, deadline, waiting)
         except BaseException:
             # Leave the waiters, and free a lease granted to a reply we never read.
-            self._withdraw(pool, member, request_id)
+            self._withdraw(pool, member, attempt)
             raise
 
     async def _ask(
-        self, request: AcquireRequest, remaining: float
+        self, request: AcquireRequest, deadline: float
     ) -> tuple[Granted | IncumbentBusyReply | WaitReply | ErrorReply, float]:
-        """One acquire, asked again (same request id) while the controller is slow; the
-        reply and the loop time at which the question it answers was sent."""
+        """One acquire, asked again (same attempt) while the controller is slow; the reply
+        and the loop time at which the question it answers was sent. Each question says how
+        long the hold still runs (``deadline`` is on this loop's clock)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + remaining
         while True:
             left = deadline - loop.time()
             if left <= 0:
                 raise ActivationTimeout(f"pool {request.pool}: controller did not answer in time")
             asked_at = loop.time()
+            question = request.model_copy(update={"hold_s": left})
             try:
                 data = await self._request(
-                    self._subjects.acquire, request, min(REQUEST_TIMEOUT_S, left)
+                    self._subjects.acquire, question, min(REQUEST_TIMEOUT_S, left)
                 )
             except NoRespondersError as exc:
                 raise ControllerUnavailable(
@@ -265,9 +274,9 @@ class NatsActivationClient:
                 retry_after=reply.retry_after_s,
             )
 
-    def _withdraw(self, pool: str, member: str, request_id: str) -> None:
+    def _withdraw(self, pool: str, member: str, attempt: str) -> None:
         """Leave the pool's waiters; runs even when the caller was cancelled."""
-        message = CancelRequest(pool=pool, member=member, request_id=request_id)
+        message = CancelRequest(pool=pool, member=member, attempt=attempt)
         task = asyncio.get_running_loop().create_task(self._fire(self._subjects.cancel, message))
         self._background(task)
 
@@ -296,13 +305,15 @@ class NatsActivationClient:
         held.handles.append(handle)
         return handle
 
-    def _granted(self, pool: str, member: str, reply: Granted, asked_at: float) -> Lease:
+    def _granted(self, request: AcquireRequest, reply: Granted, asked_at: float) -> Lease:
         lease = Lease(
-            pool=pool,
-            member=member,
+            pool=request.pool,
+            member=request.member,
             lease_id=reply.lease_id,
             epoch=reply.epoch,
             ttl_s=reply.ttl_s,
+            attempt=request.attempt,
+            request_id=request.request_id,
             valid_until=asked_at + reply.ttl_s,
         )
         due = _next_renewal(lease, asyncio.get_running_loop().time())
@@ -345,7 +356,15 @@ class NatsActivationClient:
     async def _renew(self, held: _Held) -> None:
         lease = held.lease
         loop = asyncio.get_running_loop()
-        message = RenewRequest(pool=lease.pool, member=lease.member, lease_id=lease.lease_id)
+        message = RenewRequest(
+            pool=lease.pool,
+            member=lease.member,
+            lease_id=lease.lease_id,
+            epoch=lease.epoch,
+            attempt=lease.attempt,
+            request_id=lease.request_id,
+            router=self._router,
+        )
         asked_at = loop.time()
         try:
             data = await self._request(self._subjects.renew, message, SMALL_TIMEOUT_S)
@@ -359,6 +378,10 @@ class NatsActivationClient:
             return  # released or lost meanwhile
         if reply is not None and reply.ok:
             held.prove(asked_at + reply.ttl_s)
+            if not reply.shareable:
+                # The member fails its health checks: the requests on this lease go on,
+                # new ones ask the controller (which holds or skips them).
+                self._unshare(held)
         elif reply is not None and reply.code is None:
             self._lose(held)
             return
@@ -374,19 +397,28 @@ class NatsActivationClient:
         log.error("lease_lost", pool=lease.pool, member=lease.member, lease=lease.lease_id)
         lease.lost.set()  # every request sharing it sees it
 
+    def _unshare(self, held: _Held) -> None:
+        held.shareable = False
+        if self._shared.get(held.key) is held:
+            del self._shared[held.key]
+
     def _forget(self, held: _Held) -> None:
         self._held.pop(held.lease.lease_id, None)
         if self._shared.get(held.key) is held:
             del self._shared[held.key]
 
-    async def release(self, lease: Lease) -> None:
+    async def release(self, lease: Lease, *, confirm: bool = False) -> None:
         """One request is done with its lease; the last one sharing it tells the controller
-        (a publish, so nothing waits for it). Releasing twice is harmless."""
+        (a publish, so nothing waits for it, unless ``confirm``: then a request, answered
+        once the store has it). Releasing twice is harmless."""
         held = self._held.get(lease.lease_id)
         if held is None or not held.drop(lease) or held.handles:
             return
         self._forget(held)
         message = ReleaseRequest(pool=lease.pool, member=lease.member, lease_id=lease.lease_id)
+        if confirm:
+            await self._fire(self._subjects.release, message)
+            return
         try:
             await self._nc.publish(self._subjects.release, message.to_bytes())
         except NatsError as exc:
@@ -395,7 +427,7 @@ class NatsActivationClient:
     async def report_failure(self, lease: Lease, *, request_id: str, reason: str) -> None:
         held = self._held.get(lease.lease_id)
         if held is not None:
-            held.shareable = False  # later requests ask the controller, which checks it
+            self._unshare(held)  # later requests ask the controller, which checks it
         message = DispatchFailureReport(
             pool=lease.pool, member=lease.member, request_id=request_id, reason=reason
         )

@@ -4,10 +4,15 @@ router                         controller (queue group)
   acquire  ------------------>  granted | incumbent_busy | wait | error
   (wait: re-ask on a PoolStateChanged for the pool, or the re-ask timer)
   renew    ------------------>  RenewReply (ok=False: the lease is gone)
-  release  ------------------>  Ack
+  release  ------------------>  Ack        (published; asked when the caller must know)
   cancel   ------------------>  Ack        (a held request gives up)
   report   ------------------>  Ack        (a granted member failed to answer)
 controller publishes PoolStateChanged on every transition of a pool.
+
+Identity: a waiter and a lease belong to one **attempt** of one router (its own id for one
+try of one backend), never to anything a client sent; the client's request id travels
+along for logs and audit only. Time: the router sends durations (``hold_s``), and the
+controller anchors them to the store's clock, so no two clocks are ever compared.
 """
 
 from __future__ import annotations
@@ -24,10 +29,14 @@ class AcquireRequest(WireModel):
     pool: str
     member: str
     mode: PoolActivation = PoolActivation.WAIT
+    attempt: str = Field(min_length=1, max_length=128)
+    """The router's own id for this try of this backend: keys the waiter and the lease (a
+    re-ask of the same attempt gets the same lease)."""
     request_id: str
+    """The client's request id, for audit and logs only."""
     router: str
-    deadline: float
-    """Unix time (seconds) after which the router stops holding this request."""
+    hold_s: float = Field(ge=0)
+    """How much longer the router holds this request, from when this question leaves it."""
 
 
 class Granted(WireModel):
@@ -45,7 +54,9 @@ class IncumbentBusyReply(WireModel):
 
 class WaitReply(WireModel):
     status: Literal["wait"] = "wait"
-    reason: Literal["swap_in_flight", "draining", "reconciling"]
+    reason: Literal["swap_in_flight", "draining", "reconciling", "recovering"]
+    """``recovering``: the resident stopped answering its health checks while it still
+    serves; the request waits until it answers again or is replaced."""
     target: str | None = None
     epoch: int
     retry_after_s: float
@@ -71,14 +82,23 @@ class RenewRequest(WireModel):
     pool: str
     member: str
     lease_id: str
+    epoch: int = 0
+    """The epoch the lease was granted at: after the store lost its state, a renewal of a
+    lease it no longer knows is adopted back only for the resident of that epoch or later."""
+    attempt: str = ""
+    request_id: str = ""
+    router: str = ""
 
 
 class RenewReply(WireModel):
     ok: bool
-    """False with no ``code``: the lease is gone for good (expired or released)."""
+    """False with no ``code``: the lease is gone for good (expired, released or revoked)."""
     ttl_s: float = 0.0
     code: str | None = None
-    """Set when the controller could not tell (e.g. ``controller_unavailable``)."""
+    """Set when the controller could not tell (``controller_unavailable``, ``reconciling``)."""
+    shareable: bool = True
+    """False while the member fails its health checks: the router keeps the lease for the
+    requests on it but stops sharing it; new requests ask the controller."""
 
 
 class ReleaseRequest(WireModel):
@@ -90,7 +110,8 @@ class ReleaseRequest(WireModel):
 class CancelRequest(WireModel):
     pool: str
     member: str
-    request_id: str
+    attempt: str
+    """The attempt that gives up: only its waiter, and its lease on ``member``, go."""
 
 
 class DispatchFailureReport(WireModel):
