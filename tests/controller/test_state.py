@@ -9,6 +9,7 @@ import pytest
 from hotseat_common.config.model import BusySignal, PoolActivation
 from hotseat_common.messages import ErrorReply, Granted, IncumbentBusyReply, PoolOutcome, WaitReply
 from hotseat_pool_controller.state import (
+    NOTHING,
     AcquireAsk,
     AddLease,
     AddWaiter,
@@ -339,13 +340,18 @@ def test_tick_warms_the_default_on_a_cold_pool() -> None:
 
 
 def test_tick_takes_over_a_swap_whose_owner_went_silent() -> None:
-    """A lapsed heartbeat: another replica resumes the swap from the unload step, new epoch."""
-    s = snap(phase=Phase.LOADING, target="coder", owner="ctl-dead", heartbeat_ms=NOW - 1)
-    d = decide_tick(s, POLICY, ME)
-    assert d.swap is not None
-    assert d.swap.resume
-    assert d.swap.epoch > 7
-    assert next(op for op in d.ops if isinstance(op, SetState)).fields["phase"] == "unloading"
+    """A lapsed heartbeat: another replica resumes the swap in the phase it was in, under a
+    newer epoch; taken over in loading, the target's load runs on (it had started)."""
+    for phase in (Phase.UNLOADING, Phase.LOADING):
+        s = snap(phase=phase, target="coder", owner="ctl-dead", heartbeat_ms=NOW - 1)
+        d = decide_tick(s, POLICY, ME)
+        assert d.swap is not None
+        assert d.swap.resume
+        assert d.swap.epoch > 7
+        assert d.swap.loading is (phase == Phase.LOADING)
+        fields = next(op for op in d.ops if isinstance(op, SetState)).fields
+        assert "phase" not in fields
+        assert fields["owner"] == ME
     alive = replace(s, heartbeat_ms=NOW + 1)
     assert decide_tick(alive, POLICY, ME).swap is None
 
@@ -435,3 +441,34 @@ def test_rebuild_only_from_unknown() -> None:
     assert d.pre.state_missing
     assert next(op for op in d.ops if isinstance(op, SetState)).fields["resident"] == "judge"
     assert decide_rebuild(snap(), ("judge",)).ops == ()
+
+
+def test_begin_load_after_a_takeover_in_loading_never_cancels() -> None:
+    """Once the target's load began, missing demand no longer cancels the swap."""
+    s = snap(phase=Phase.LOADING, target="coder", owner=ME, epoch=9, waiters={})
+    assert decide_begin_load(s, 9, ME) is NOTHING
+    unloading = replace(s, phase=Phase.UNLOADING)
+    cancelled = decide_begin_load(unloading, 9, ME)
+    assert cancelled is not None
+    assert [a.outcome for a in cancelled.audit] == [PoolOutcome.SWAP_CANCELLED]
+
+
+def test_if_idle_is_not_held_for_a_swap_that_serves_another_member() -> None:
+    """IfIdle for writer: a drained pool about to swap to coder's waiters starts that swap
+    and answers busy at once; a swap in flight to coder's waiters is not waited on either;
+    a swap in flight with no waiters of its own (a warm-up) is still waited on."""
+    members = (*POLICY.members, "writer")
+    policy = replace(POLICY, members=members)
+    draining = snap(phase=Phase.DRAINING, resident="judge", target="coder", waiters={"coder": 1})
+    d = decide_acquire(draining, ask("writer", IF_IDLE), policy, ME)
+    assert isinstance(d.reply, IncumbentBusyReply)
+    assert d.swap is not None
+    assert d.swap.target == "coder"
+    assert not any(isinstance(op, AddWaiter) for op in d.ops)
+    in_flight = replace(draining, phase=Phase.LOADING)
+    assert isinstance(decide_acquire(in_flight, ask("writer", IF_IDLE), policy, ME).reply,
+                      IncumbentBusyReply)  # fmt: skip
+    warm_up = replace(in_flight, waiters={})
+    assert isinstance(decide_acquire(warm_up, ask("writer", IF_IDLE), policy, ME).reply, WaitReply)
+    waited = decide_acquire(in_flight, ask("writer", WAIT), policy, ME)
+    assert isinstance(waited.reply, WaitReply)

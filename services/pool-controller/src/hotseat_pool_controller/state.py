@@ -193,6 +193,8 @@ class SwapOrder:
     epoch: int
     from_member: str | None
     resume: bool = False
+    loading: bool = False
+    """Resumed in ``loading``: the target's load began under an earlier owner."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +394,10 @@ def decide_acquire(
     if snap.resident == ask.member and snap.phase in {Phase.IDLE, Phase.DRAINING}:
         return _grant(snap, ask, policy)
     if snap.phase in IN_FLIGHT:
+        if ask.mode == PoolActivation.IF_IDLE and _swap_serves_others(snap, ask.member):
+            # Held through this swap, the request would meet a target busy with the
+            # requests it was loaded for, and be skipped then: tell it now.
+            return _busy(snap, ask)
         if (full := _queue_full(snap, policy)) is not None:
             return Decision(reply=full)
         return Decision(
@@ -409,10 +415,7 @@ def decide_acquire(
         return Decision(need_idle_check=snap.resident)
     if incumbent_busy(snap, policy, slots_busy):
         if ask.mode == PoolActivation.IF_IDLE:
-            return Decision(
-                reply=IncumbentBusyReply(resident=snap.resident, retry_after_s=retry_after_s(snap)),
-                ops=_withdraw(snap, ask),
-            )
+            return _busy(snap, ask)
         if (full := _queue_full(snap, policy)) is not None:
             return Decision(reply=full)
         ops: list[Op] = [AddWaiter(ask.member, ask.attempt, ask.deadline_ms)]
@@ -437,6 +440,16 @@ def decide_acquire(
     if snap.phase == Phase.DRAINING and snap.target and snap.live_waiters(snap.target) > 0:
         target = snap.target
     state, pre, order, audit = _start_swap(snap, policy, target, controller)
+    if target != ask.member and ask.mode == PoolActivation.IF_IDLE:
+        # The drained GPU goes to the requests that waited for it; an IfIdle request for
+        # another member starts that swap but is not held through it only to be skipped.
+        return Decision(
+            reply=IncumbentBusyReply(resident=snap.resident, retry_after_s=retry_after_s(snap)),
+            ops=(state, *_withdraw(snap, ask)),
+            pre=pre,
+            swap=order,
+            audit=(audit,),
+        )
     return Decision(
         reply=WaitReply(
             reason="swap_in_flight",
@@ -453,6 +466,19 @@ def decide_acquire(
         ),
         swap=order,
         audit=(audit,),
+    )
+
+
+def _swap_serves_others(snap: PoolSnapshot, member: str) -> bool:
+    """The swap in flight loads another member for requests that wait for it."""
+    return snap.target is not None and snap.target != member and snap.live_waiters(snap.target) > 0
+
+
+def _busy(snap: PoolSnapshot, ask: AcquireAsk) -> Decision:
+    """IfIdle: the GPU is (or is about to be) busy with another member; skip at once."""
+    return Decision(
+        reply=IncumbentBusyReply(resident=snap.resident, retry_after_s=retry_after_s(snap)),
+        ops=_withdraw(snap, ask),
     )
 
 
@@ -555,6 +581,10 @@ def decide_tick(
 
 
 def _maybe_take_over(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> Decision:
+    """A swap whose owner's heartbeat lapsed: claim it under a newer epoch (fencing the old
+    owner) in the phase it was in. In ``loading`` the target's load has started, and a load
+    that started runs to completion; in ``unloading`` the new owner starts over at the
+    unloads (nothing is loaded before every other member is confirmed gone)."""
     if snap.heartbeat_ms >= snap.now_ms:
         return NOTHING
     epoch = next_epoch(snap)
@@ -562,7 +592,6 @@ def _maybe_take_over(snap: PoolSnapshot, policy: PoolPolicy, controller: str) ->
         ops=(
             SetState(
                 {
-                    "phase": Phase.UNLOADING.value,
                     "epoch": str(epoch),
                     "owner": controller,
                     "heartbeat": str(snap.now_ms + policy.heartbeat_ttl_ms),
@@ -571,7 +600,11 @@ def _maybe_take_over(snap: PoolSnapshot, policy: PoolPolicy, controller: str) ->
         ),
         pre=Preconditions(version=snap.version),
         swap=SwapOrder(
-            target=snap.target or "", epoch=epoch, from_member=snap.from_member, resume=True
+            target=snap.target or "",
+            epoch=epoch,
+            from_member=snap.from_member,
+            resume=True,
+            loading=snap.phase == Phase.LOADING,
         ),
     )
 
@@ -603,6 +636,8 @@ def decide_begin_load(snap: PoolSnapshot, epoch: int, controller: str) -> Decisi
     """After the unloads: load the target, or cancel if its demand is gone."""
     if not _owns(snap, epoch, controller):
         return None
+    if snap.phase == Phase.LOADING:
+        return NOTHING  # taken over mid-load: the load that started runs to completion
     if snap.target is None:  # an unload-only swap (admin): nothing to load
         return Decision(
             ops=(SetState({"phase": Phase.LOADING.value}),),

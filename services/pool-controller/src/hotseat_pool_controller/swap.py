@@ -19,6 +19,7 @@ from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
 from hotseat_pool_controller.state import (
     NOTHING,
     Decision,
+    Phase,
     PoolPolicy,
     PoolSnapshot,
     SwapOrder,
@@ -121,10 +122,13 @@ class SwapRunner:
         await asyncio.gather(*(self._driver.unload(m, epoch=order.epoch) for m in others))
 
     async def _unload_target_if_unwanted(self, order: SwapOrder) -> None:
-        """About to cancel for lack of demand: the target may be (half) loaded already (a
-        swap taken over after its owner died mid-load), so unload it while still owning
-        the swap. If demand arrives meanwhile, the load simply runs after all."""
+        """About to cancel for lack of demand (still ``unloading``: this swap has not begun
+        the target's load): the target may hold memory all the same (a load left over from
+        a controller that lost the store, a Redis that lost its state), so unload it while
+        still owning the swap. If demand arrives meanwhile, the load simply runs after all."""
         snap = await self._store.snapshot()
+        if snap.phase == Phase.LOADING:
+            return  # the target's load began (under an earlier owner): it runs to completion
         if not order.target or snap.forced or snap.live_waiters(order.target) > 0:
             return
         if snap.epoch != order.epoch or snap.owner != self._controller:
