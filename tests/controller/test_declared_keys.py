@@ -12,6 +12,7 @@ from hotseat_common.keys import Keys
 from hotseat_pool_controller.redis_link import LuaScript, RedisLink
 from hotseat_pool_controller.store import PoolStore
 from tests.controller.test_stateful import POLICY, ControllerMachine, run_to_quiescence
+from tests.support.pool_state import store_id
 
 SCRIPTS = ("_snapshot", "_apply", "_renew", "_release", "_reap", "_grant_fast", "_cancel")
 
@@ -48,7 +49,9 @@ async def test_the_guard_itself_refuses_an_undeclared_key(link: RedisLink) -> No
 async def test_hot_path_scripts_touch_only_declared_keys(link: RedisLink, prefix: str) -> None:
     store = refuse_undeclared_keys(PoolStore(link, Keys(prefix), POLICY))
     state = store.keys.pool_state(POLICY.name)
-    await link.execute("HSET", state, "phase", "idle", "resident", "a", "epoch", "4")
+    await link.execute(
+        "HSET", state, "phase", "idle", "resident", "a", "epoch", "4", "store", await store_id(link)
+    )
     granted = await store.grant_if_resident("a", "l1", "r1", "router")
     assert granted is not None
     assert await store.renew("a", "l1")

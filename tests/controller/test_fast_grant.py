@@ -16,6 +16,7 @@ from hotseat_common.messages import Granted
 from hotseat_pool_controller.redis_link import RedisLink
 from hotseat_pool_controller.state import AcquireAsk, Phase, PoolPolicy, decide_acquire
 from hotseat_pool_controller.store import PoolStore
+from tests.support.pool_state import store_id
 
 POLICY = PoolPolicy(
     name="gpu",
@@ -80,6 +81,7 @@ async def test_fast_grant_matches_decide_acquire(redis_server: Managed, link: Re
                         "phase": str(state["phase"]),
                         "resident": str(state["resident"]),
                         "epoch": "5",
+                        "store": await store_id(link),
                     },
                 )
             for i in range(int(state["leases"])):  # type: ignore[call-overload]

@@ -10,6 +10,7 @@ from hotseat_common.keys import Keys
 from hotseat_pool_controller.redis_link import RedisLink
 from hotseat_pool_controller.store import PoolStore
 from tests.controller.test_stray_waiters import POLICY
+from tests.support.pool_state import store_id
 
 FAR = 2**50  # a waiter deadline (ms) that never passes
 
@@ -20,7 +21,10 @@ async def test_release_wakes_only_for_other_members_waiters_or_a_drain(
     keys = Keys(prefix)
     store = PoolStore(link, keys, POLICY)
     state = keys.pool_state("gpu0")
-    await redis.hset(state, mapping={"phase": "idle", "resident": "judge", "epoch": "3"})
+    await redis.hset(
+        state,
+        mapping={"phase": "idle", "resident": "judge", "epoch": "3", "store": await store_id(link)},
+    )
 
     async def lease_then_release() -> bool:
         granted = await store.grant_if_resident("judge", "l1", "r1", "router")

@@ -438,7 +438,7 @@ def test_resident_lost_forgets_the_dead_member() -> None:
 def test_rebuild_only_from_unknown() -> None:
     """A lost state is rebuilt from the drivers' view; a known state is left alone."""
     d = decide_rebuild(snap(phase=Phase.UNKNOWN), ("judge",))
-    assert d.pre.state_missing
+    assert d.pre.state_unknown
     assert next(op for op in d.ops if isinstance(op, SetState)).fields["resident"] == "judge"
     assert decide_rebuild(snap(), ("judge",)).ops == ()
 

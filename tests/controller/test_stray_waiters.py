@@ -12,6 +12,7 @@ from hotseat_common.keys import Keys
 from hotseat_pool_controller.redis_link import RedisLink
 from hotseat_pool_controller.state import PoolPolicy, decide_tick
 from hotseat_pool_controller.store import PoolStore
+from tests.support.pool_state import store_id
 
 POLICY = PoolPolicy(
     name="gpu0",
@@ -43,6 +44,7 @@ async def test_a_stray_waiter_on_the_resident_does_not_block_a_swap(
             "epoch": "5",
             "version": "3",
             "committed": str(now_ms - 60_000),
+            "store": await store_id(link),
         },
     )
     await redis.zadd(keys.pool_waiters("gpu0", "judge"), {"stray": now_ms + 30_000})

@@ -148,6 +148,20 @@ class PoolMetrics:
             ["pool", "member"],
             registry=registry,
         )
+        self.residents_unhealthy = Counter(
+            "hotseat_pool_resident_unhealthy_total",
+            "Residents that failed their health checks while serving and were kept (not"
+            " unloaded) until their leases ended or they answered again.",
+            ["pool", "member"],
+            registry=registry,
+        )
+        self.store_relearns = Counter(
+            "hotseat_pool_store_relearns_total",
+            "Pool states rebuilt because the store lost them (a Redis restart or failover);"
+            " the resident then counts as busy while routers renew their leases back.",
+            ["pool"],
+            registry=registry,
+        )
         self.audit_publish = AuditPublishMetrics(registry)
 
 

@@ -32,7 +32,7 @@ from hotseat_common.messages import (
 )
 from hotseat_common.subjects import CONTROLLER_QUEUE_GROUP, Subjects
 from hotseat_pool_controller.pools import PoolRuntime
-from hotseat_pool_controller.store import ConflictError
+from hotseat_pool_controller.store import ConflictError, Renewal
 from hotseat_pool_controller.store_health import StoreHealth
 
 log = get_logger(__name__)
@@ -158,8 +158,15 @@ class ActivationHandlers:
         pool = self._pool(request.pool)
         if pool is None:
             return RenewReply(ok=False, code="unknown_pool")
-        ok = await pool.renew(request.member, request.lease_id)
-        return RenewReply(ok=ok, ttl_s=pool.policy.lease_ttl_ms / 1000 if ok else 0.0)
+        renewed = await pool.renew(request)
+        if renewed.outcome is Renewal.UNKNOWN:
+            return RenewReply(ok=False, code="reconciling")
+        ok = renewed.outcome is Renewal.RENEWED
+        return RenewReply(
+            ok=ok,
+            ttl_s=pool.policy.lease_ttl_ms / 1000 if ok else 0.0,
+            shareable=renewed.shareable,
+        )
 
     async def _cancel(self, data: bytes) -> WireModel:
         request = CancelRequest.from_bytes(data)

@@ -19,6 +19,7 @@ from hotseat_common.messages import (
     AcquireRequest,
     ErrorReply,
     PoolOutcome,
+    RenewRequest,
 )
 from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
 from hotseat_pool_controller.events import Announcer
@@ -36,16 +37,19 @@ from hotseat_pool_controller.state import (
     decide_admin_swap,
     decide_admin_unload,
     decide_rebuild,
+    decide_resident_health,
     decide_resident_lost,
     decide_tick,
 )
-from hotseat_pool_controller.store import ConflictError, PoolStore
+from hotseat_pool_controller.store import ConflictError, PoolStore, Renewed
 from hotseat_pool_controller.swap import SwapRunner
 
 log = get_logger(__name__)
 
 HEALTH_FAILURES_BEFORE_LOST = 2
 IDLE_CHECK_TIMEOUT_S = 2.0
+RELEARN_MARGIN_MS = 1000
+"""Past one lease TTL, how long a rebuilt resident stays busy for renewals on their way."""
 
 Decide = Callable[[PoolSnapshot, bool | None], Decision]
 
@@ -69,6 +73,7 @@ class PoolRuntime:
         self.swaps: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
         self._health_failures = 0
+        self._rebuild_waiting_since: float | None = None
         self._runner = SwapRunner(store, driver, policy, controller, self._after_step)
 
     @property
@@ -177,8 +182,15 @@ class PoolRuntime:
             self.wake.set()
         return released.removed
 
-    async def renew(self, member: str, lease_id: str) -> bool:
-        return await self.store.renew(member, lease_id)
+    async def renew(self, request: RenewRequest) -> Renewed:
+        return await self.store.renew(
+            request.member,
+            request.lease_id,
+            epoch=request.epoch,
+            attempt=request.attempt,
+            request_id=request.request_id,
+            router=request.router,
+        )
 
     async def cancel(self, member: str, attempt: str) -> bool:
         removed = await self.store.cancel(member, attempt)
@@ -235,33 +247,72 @@ class PoolRuntime:
             )
 
     async def rebuild(self) -> None:
-        """The state is gone (Redis restarted empty): re-derive residency from the driver."""
+        """The state is gone (Redis restarted empty) or was written on another server (a
+        restart with persistence, a failover): re-derive residency from the driver, and
+        relearn who is busy (docs/adr/0005). A member still loading is waited for: the load
+        that started finishes, and a rebuild in its middle would take it for nothing."""
         loaded = await self.driver.residency()
         ready: tuple[str, ...] = ()
         for member, is_loaded in loaded.items():
             if is_loaded and await self.driver.is_ready(member):
                 ready = (*ready, member)
-        others_loaded = any(is_loaded for m, is_loaded in loaded.items() if m not in ready)
-        resident = ready if len(ready) == 1 and not others_loaded else ()
+        loading = [m for m, is_loaded in loaded.items() if is_loaded and m not in ready]
+        if loading and len(ready) <= 1 and not self._rebuild_waited_long_enough():
+            log.info("pool_rebuild_waits_for_load", pool=self.name, loading=loading)
+            return
+        self._rebuild_waiting_since = None
+        resident = ready if len(ready) == 1 and not loading else ()
         log.warning("pool_state_rebuilt", pool=self.name, loaded=loaded, resident=resident)
-        await self._decide(lambda s, _busy: decide_rebuild(s, resident))
+        self.announcer.metrics.store_relearns.labels(self.name).inc()
+        relearn_ms = self.policy.lease_ttl_ms + RELEARN_MARGIN_MS
+        await self._decide(lambda s, _busy: decide_rebuild(s, resident, relearn_ms=relearn_ms))
+
+    def _rebuild_waited_long_enough(self) -> bool:
+        now = time.monotonic()
+        if self._rebuild_waiting_since is None:
+            self._rebuild_waiting_since = now
+        return now - self._rebuild_waiting_since >= self.policy.swap_timeout_ms / 1000
 
     async def check_resident(self, threshold: int = HEALTH_FAILURES_BEFORE_LOST) -> None:
+        """Health-check the resident. One that fails ``threshold`` checks in a row is lost,
+        unless it serves: then it is lost only if the driver confirms it gone (its leases
+        revoked), else marked unhealthy until its leases end (docs/adr/0005)."""
         snap = await self.store.snapshot()
         if snap.resident is None or snap.phase not in {Phase.IDLE, Phase.DRAINING}:
             self._health_failures = 0
             return
-        if await self.driver.is_ready(snap.resident):
+        resident = snap.resident
+        if await self.driver.is_ready(resident):
             self._health_failures = 0
+            if snap.unhealthy:
+                log.info("resident_healthy_again", pool=self.name, member=resident)
+                await self._decide(
+                    lambda s, _busy: decide_resident_health(s, resident, healthy=True)
+                )
             return
         self._health_failures += 1
         if self._health_failures < threshold:
             return
         self._health_failures = 0
-        resident = snap.resident
-        await self._decide(
-            lambda s, _busy: decide_resident_lost(s, resident, "health check failed")
-        )
+        if not snap.serving(resident):
+            await self._decide(
+                lambda s, _busy: decide_resident_lost(s, resident, "health check failed")
+            )
+            return
+        if await self.driver.confirm_gone(resident):
+            log.warning("resident_gone_while_serving", pool=self.name, member=resident,
+                        leases=snap.live_leases(resident))  # fmt: skip
+            await self._decide(
+                lambda s, _busy: decide_resident_lost(
+                    s, resident, "gone while serving: leases revoked", revoke=True
+                )
+            )
+            return
+        if not snap.unhealthy:
+            log.warning("resident_unhealthy", pool=self.name, member=resident,
+                        leases=snap.live_leases(resident))  # fmt: skip
+            self.announcer.metrics.residents_unhealthy.labels(self.name, resident).inc()
+        await self._decide(lambda s, _busy: decide_resident_health(s, resident, healthy=False))
 
     async def supervise(self, tick_interval: float, reconcile_interval: float) -> None:
         """Tick on every local trigger and on a timer; check the resident periodically."""

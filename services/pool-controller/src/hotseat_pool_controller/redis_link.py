@@ -21,6 +21,12 @@ Failures, as the store's callers expect them (redis-py's exception types):
 - a command unanswered for ``timeout`` seconds fails with
   :class:`~redis.exceptions.TimeoutError`, as does every command behind it, and the
   connection is dropped (a stalled server); the next command reconnects.
+
+Each connection learns the ``run_id`` of the server it reached (``INFO server``, before
+any other command): a script called with ``identified=True`` gets it as its last
+argument, read at the moment the command leaves, so a script can tell that the server it
+runs on is not the one that wrote the state it finds (a restart or a failover, which may
+have lost writes; docs/adr/0005).
 """
 
 from __future__ import annotations
@@ -101,6 +107,8 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._outbox: list[bytes] = []
         self.closed = False
+        self.server_id = ""
+        """The ``run_id`` of the server this connection reached ("" when it will not say)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast("asyncio.Transport", transport)  # a stream socket
@@ -175,28 +183,45 @@ class RedisLink:
         self._watchdog: asyncio.TimerHandle | None = None
         self._closed = False
 
-    async def execute(self, *args: Arg) -> Any:
-        """Send one command and return its reply (strings decoded as UTF-8)."""
+    async def execute(self, *args: Arg, identified: bool = False) -> Any:
+        """Send one command and return its reply (strings decoded as UTF-8); ``identified``
+        appends the ``run_id`` of the server the command is sent to."""
         attempt = 0
         while True:
             conn = self._conn
             if conn is None or conn.closed:
                 conn = await self._open()
             try:
-                return await conn.send(args)
+                return await conn.send((*args, conn.server_id) if identified else args)
             except RedisConnectionError:
                 attempt += 1
                 if attempt > self._retries:
                     raise
 
-    async def script(self, script: LuaScript, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+    @property
+    def server_id(self) -> str:
+        """The ``run_id`` of the server the open connection reached ("" when none)."""
+        return self._conn.server_id if self._conn is not None else ""
+
+    async def script(
+        self,
+        script: LuaScript,
+        keys: Sequence[Arg],
+        args: Sequence[Arg],
+        *,
+        identified: bool = False,
+    ) -> Any:
         """Run a script by digest; by source when the server does not know it."""
         try:
-            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self.execute(
+                "EVALSHA", script.sha, len(keys), *keys, *args, identified=identified
+            )
         except ResponseError as exc:
             if not str(exc).startswith("NOSCRIPT"):
                 raise
-        return await self.execute("EVAL", script.source, len(keys), *keys, *args)
+        return await self.execute(
+            "EVAL", script.source, len(keys), *keys, *args, identified=identified
+        )
 
     async def aclose(self) -> None:
         self._closed = True
@@ -236,6 +261,7 @@ class RedisLink:
                     )
                 for command in self._handshake():
                     await conn.send(command)
+                conn.server_id = await _server_id(conn)
         except BaseException as exc:
             if conn is not None:
                 conn.abort(RedisConnectionError("connection setup failed"))
@@ -279,6 +305,18 @@ class RedisLink:
             self._conn = None
             return
         self._arm_watchdog()
+
+
+async def _server_id(conn: _Connection) -> str:
+    """``run_id`` from ``INFO server`` ("" where INFO is renamed or refused, e.g. a proxy)."""
+    try:
+        info = await conn.send(("INFO", "server"))
+    except ResponseError:
+        return ""
+    for line in str(info).splitlines():
+        if line.startswith("run_id:"):
+            return line.partition(":")[2].strip()
+    return ""
 
 
 def _connect_error(exc: BaseException, timeout: float) -> BaseException:

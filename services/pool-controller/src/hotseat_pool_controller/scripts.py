@@ -1,5 +1,11 @@
 """Lua scripts the store runs in Redis. Key names are passed in from :mod:`hotseat_common.keys`;
-all times come from Redis ``TIME`` so every replica shares one clock."""
+all times come from Redis ``TIME`` so every replica shares one clock.
+
+Scripts that read or write the pool state are called ``identified``: their last argument is
+the ``run_id`` of the server they run on, and the state hash records the ``store`` it was
+written on. A state written on another server (a restart, a failover to a replica that may
+lag) is *stale*: the snapshot reports it as unknown and nothing but a rebuild may write it.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,11 @@ SNAPSHOT = (
     _NOW
     + """
 local spec = cjson.decode(ARGV[1])
+local store = ARGV[2] or ''
 local out = {now = now, state = redis.call('HGETALL', spec.state), members = {}}
+if store ~= '' and #out.state > 0 and (redis.call('HGET', spec.state, 'store') or '') ~= store then
+  out.stale = true
+end
 for i, m in ipairs(spec.members) do
   local entry = {
     name = m.name,
@@ -53,10 +63,12 @@ APPLY = (
 local spec = cjson.decode(ARGV[1])
 local pre = spec.pre
 local state = spec.state
+local store = ARGV[2] or ''
 local exists = redis.call('EXISTS', state) == 1
-if pre.state_missing then
-  if exists then return 0 end
-elseif not exists then
+local same_store = store == '' or (redis.call('HGET', state, 'store') or '') == store
+if pre.state_unknown then
+  if exists and same_store then return 0 end
+elseif not exists or not same_store then
   return 0
 end
 if pre.version then
@@ -100,8 +112,22 @@ for _, op in ipairs(spec.ops) do
   elseif op.op == 'lpush_trim' then
     redis.call('LPUSH', op.key, op.value)
     redis.call('LTRIM', op.key, 0, op.keep - 1)
+  elseif op.op == 'revoke' then
+    for _, id in ipairs(redis.call('ZRANGE', op.key, 0, -1)) do
+      local meta = redis.call('HGET', op.meta_key, id)
+      if meta then
+        local attempt = cjson.decode(meta).attempt
+        if attempt and redis.call('HGET', op.attempt_key, attempt) == id then
+          redis.call('HDEL', op.attempt_key, attempt)
+        end
+        redis.call('HDEL', op.meta_key, id)
+      end
+    end
+    redis.call('DEL', op.key)
   end
 end
+-- A rebuilt state is this server's from now on.
+if pre.state_unknown and store ~= '' then redis.call('HSET', state, 'store', store) end
 return 1
 """
 )
@@ -109,10 +135,32 @@ return 1
 RENEW = (
     _NOW
     + """
+-- KEYS: leases of the member, state, lease-meta, attempt-leases
+-- ARGV: lease id, ttl ms, member, lease epoch, attempt, request id, router, store id
+-- Returns {1, shareable} renewed (or adopted), {0} gone, {-1} cannot tell (state unknown).
+local st = redis.call('HMGET', KEYS[2], 'phase', 'resident', 'epoch', 'store', 'relearn',
+                      'unhealthy')
+local shareable = 1
+if st[2] == ARGV[3] and (st[6] or '') ~= '' then shareable = 0 end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score or tonumber(score) <= now then return 0 end
-redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
-return 1
+if score and tonumber(score) > now then
+  redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+  return {1, shareable}
+end
+if not st[1] or (ARGV[8] ~= '' and (st[4] or '') ~= ARGV[8]) then return {-1} end
+-- A lease the store forgot (it restarted, or failed over, and is relearning who is busy):
+-- the resident's lease, issued no later than the state's epoch, is written back.
+local serving = st[1] == 'idle' or st[1] == 'draining'
+if serving and st[2] == ARGV[3] and tonumber(st[5] or '0') > now
+    and tonumber(ARGV[4]) <= tonumber(st[3] or '0') then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+  local meta = {member = ARGV[3], attempt = ARGV[5], request_id = ARGV[6], router = ARGV[7],
+                epoch = tonumber(ARGV[4]), adopted = true}
+  redis.call('HSET', KEYS[3], ARGV[1], cjson.encode(meta))
+  if ARGV[5] ~= '' then redis.call('HSET', KEYS[4], ARGV[5], ARGV[1]) end
+  return {1, shareable}
+end
+return {0}
 """
 )
 
@@ -121,8 +169,8 @@ RELEASE = (
     + """
 -- KEYS: leases, lease-meta, attempt-leases, state, waiters of every other member...
 -- Returns {removed, live leases left on the member, phase, live waiters for the other
--- members} so the caller wakes the supervisor only when the release can move the pool
--- (the member's own waiters are granted when they ask again, not by a release).
+-- members, unhealthy} so the caller wakes the supervisor only when the release can move
+-- the pool (the member's own waiters are granted when they ask again, not by a release).
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 local meta = redis.call('HGET', KEYS[2], ARGV[1])
 if meta then
@@ -135,7 +183,8 @@ end
 local left = redis.call('ZCOUNT', KEYS[1], since, '+inf')
 local waiters = 0
 for i = 5, #KEYS do waiters = waiters + redis.call('ZCOUNT', KEYS[i], since, '+inf') end
-return {removed, left, redis.call('HGET', KEYS[4], 'phase') or '', waiters}
+local st = redis.call('HMGET', KEYS[4], 'phase', 'unhealthy')
+return {removed, left, st[1] or '', waiters, st[2] or ''}
 """
 )
 
@@ -192,8 +241,10 @@ GRANT_FAST = (
 -- The common case in one round trip: the member is resident and no swap unwinds it.
 -- Exactly the grant branch of state.decide_acquire; anything else answers 0 and the
 -- caller takes the general path (snapshot, pure decision, compare-and-apply).
-local st = redis.call('HMGET', KEYS[1], 'phase', 'resident', 'epoch')
+local st = redis.call('HMGET', KEYS[1], 'phase', 'resident', 'epoch', 'unhealthy', 'store')
 if (st[1] ~= 'idle' and st[1] ~= 'draining') or st[2] ~= ARGV[1] then return {0} end
+if (st[4] or '') ~= '' then return {0} end
+if ARGV[7] ~= '' and (st[5] or '') ~= ARGV[7] then return {0} end
 if redis.call('HGET', KEYS[4], ARGV[4]) then return {0} end
 if redis.call('EXISTS', KEYS[6]) == 1 then return {0} end
 -- ARGV: member, lease id, ttl ms, attempt, router, client request id

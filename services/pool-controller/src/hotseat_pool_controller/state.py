@@ -99,6 +99,11 @@ class PoolSnapshot:
     forced: bool = False
     parked: bool = False
     """An admin unloaded the pool: do not warm the default member until demand arrives."""
+    unhealthy: bool = False
+    """The resident failed its health checks while it still served (docs/adr/0005)."""
+    relearn_ms: int = 0
+    """Until then (Redis clock) the resident counts as busy: the store lost its leases and
+    routers are renewing them back (docs/adr/0005)."""
     leases: Mapping[str, int] = field(default_factory=dict)
     waiters: Mapping[str, int] = field(default_factory=dict)
     failures: Mapping[str, int] = field(default_factory=dict)
@@ -110,6 +115,16 @@ class PoolSnapshot:
 
     def live_leases(self, member: str | None) -> int:
         return self.leases.get(member, 0) if member else 0
+
+    @property
+    def relearning(self) -> bool:
+        return self.relearn_ms > self.now_ms
+
+    def serving(self, member: str | None) -> bool:
+        """``member`` has live leases, or may have ones the store is still relearning."""
+        return member is not None and (
+            self.live_leases(member) > 0 or (self.relearning and member == self.resident)
+        )
 
     def live_waiters(self, member: str | None) -> int:
         return self.waiters.get(member, 0) if member else 0
@@ -169,7 +184,23 @@ class RecordSwapTime:
     seconds: float
 
 
-Op = SetState | AddLease | AddWaiter | RemoveWaiter | ClearWaiters | SetFailure | RecordSwapTime
+@dataclass(frozen=True, slots=True)
+class RevokeLeases:
+    """Drop every lease on ``member``: renewals are refused, routers end their streams."""
+
+    member: str
+
+
+Op = (
+    SetState
+    | AddLease
+    | AddWaiter
+    | RemoveWaiter
+    | ClearWaiters
+    | SetFailure
+    | RecordSwapTime
+    | RevokeLeases
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +209,9 @@ class Preconditions:
 
     version: int | None = None
     state_equals: Mapping[str, str] = field(default_factory=dict)
-    state_missing: bool = False
+    state_unknown: bool = False
+    """The state hash is missing, or was written on another Redis server (only a rebuild
+    writes then); otherwise every decision requires a state written on this server."""
     zero_leases: tuple[str, ...] = ()
     zero_waiters: tuple[str, ...] = ()
     waiter_cap: int | None = None
@@ -275,7 +308,7 @@ def incumbent_busy(snap: PoolSnapshot, policy: PoolPolicy, slots_busy: bool | No
     if snap.resident is None:
         return False
     return (
-        snap.live_leases(snap.resident) > 0
+        snap.serving(snap.resident)
         or (snap.live_waiters(snap.resident) > 0 and _just_committed(snap, policy))
         or slots_busy is True
     )
@@ -331,6 +364,8 @@ def _start_swap(
             "deadline": str(snap.now_ms + policy.swap_timeout_ms),
             "forced": "1" if forced else "",
             "parked": "",
+            "unhealthy": "",
+            "relearn": "",
         }
     )
     busy_guard = (snap.resident,) if snap.resident else ()
@@ -392,6 +427,8 @@ def decide_acquire(
             ops=_withdraw(snap, ask),
         )
     if snap.resident == ask.member and snap.phase in {Phase.IDLE, Phase.DRAINING}:
+        if snap.unhealthy:
+            return _recovering(snap, ask, policy)
         return _grant(snap, ask, policy)
     if snap.phase in IN_FLIGHT:
         if ask.mode == PoolActivation.IF_IDLE and _swap_serves_others(snap, ask.member):
@@ -469,6 +506,25 @@ def decide_acquire(
     )
 
 
+def _recovering(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy) -> Decision:
+    """The resident stopped answering while it serves: IfIdle goes elsewhere at once, Wait
+    holds until it answers again or is replaced (never dispatched to a member in doubt)."""
+    if ask.mode == PoolActivation.IF_IDLE:
+        return _busy(snap, ask)
+    if (full := _queue_full(snap, policy)) is not None:
+        return Decision(reply=full)
+    return Decision(
+        reply=WaitReply(
+            reason="recovering",
+            target=ask.member,
+            epoch=snap.epoch,
+            retry_after_s=retry_after_s(snap),
+        ),
+        ops=(AddWaiter(ask.member, ask.attempt, ask.deadline_ms),),
+        pre=Preconditions(version=snap.version, waiter_cap=_cap(snap, policy)),
+    )
+
+
 def _swap_serves_others(snap: PoolSnapshot, member: str) -> bool:
     """The swap in flight loads another member for requests that wait for it."""
     return snap.target is not None and snap.target != member and snap.live_waiters(snap.target) > 0
@@ -531,6 +587,9 @@ def decide_tick(
         return NOTHING
     if snap.phase in IN_FLIGHT:
         return _maybe_take_over(snap, policy, controller)
+    if snap.unhealthy and snap.resident is not None and not snap.serving(snap.resident):
+        # It stopped answering while it served; now that nothing is left on it, recover.
+        return decide_resident_lost(snap, snap.resident, "unhealthy, and its last lease ended")
     demand = _demand(snap, policy)
     if snap.phase == Phase.DRAINING:
         if snap.target is None or snap.live_waiters(snap.target) == 0:
@@ -694,6 +753,7 @@ def decide_commit(snap: PoolSnapshot, epoch: int, controller: str) -> Decision |
                     "from": "",
                     "owner": "",
                     "forced": "",
+                    "unhealthy": "",
                     "committed": str(snap.now_ms),
                 }
             ),
@@ -751,30 +811,58 @@ def decide_fail(
     )
 
 
-def decide_resident_lost(snap: PoolSnapshot, member: str, reason: str) -> Decision:
-    """The resident is dead out of band: forget it so the next acquire recovers."""
+def decide_resident_lost(
+    snap: PoolSnapshot, member: str, reason: str, *, revoke: bool = False
+) -> Decision:
+    """The resident is dead out of band: forget it so the next acquire recovers.
+
+    Never while it serves: without ``revoke`` the decision requires that the member has no
+    live lease (and is not being relearned); with ``revoke`` (the driver confirmed it gone)
+    its leases are dropped too, so renewals are refused and routers end their streams."""
     if snap.resident != member or snap.phase not in {Phase.IDLE, Phase.DRAINING}:
         return NOTHING
+    if snap.serving(member) and not revoke:
+        return NOTHING
+    ops: list[Op] = [
+        SetState(
+            {
+                "phase": Phase.IDLE.value,
+                "resident": "",
+                "target": "",
+                "unhealthy": "",
+                "relearn": "",
+                "epoch": str(next_epoch(snap)),
+            }
+        )
+    ]
+    if revoke:
+        ops.append(RevokeLeases(member))
     return Decision(
-        ops=(
-            SetState(
-                {
-                    "phase": Phase.IDLE.value,
-                    "resident": "",
-                    "target": "",
-                    "epoch": str(next_epoch(snap)),
-                }
-            ),
-        ),
-        pre=Preconditions(version=snap.version),
+        ops=tuple(ops),
+        pre=Preconditions(version=snap.version, zero_leases=() if revoke else (member,)),
         audit=(
             AuditIntent(PoolOutcome.RESIDENT_LOST, member=member, epoch=snap.epoch, reason=reason),
         ),
     )
 
 
-def decide_rebuild(snap: PoolSnapshot, ready: tuple[str, ...]) -> Decision:
-    """State was lost: take residency from what the drivers report as running."""
+def decide_resident_health(snap: PoolSnapshot, member: str, *, healthy: bool) -> Decision:
+    """Mark (or clear) a resident that fails its health checks while it serves."""
+    if snap.resident != member or snap.phase not in {Phase.IDLE, Phase.DRAINING}:
+        return NOTHING
+    if snap.unhealthy is not healthy:
+        return NOTHING  # already as asked
+    return Decision(
+        ops=(SetState({"unhealthy": "" if healthy else "1"}),),
+        pre=Preconditions(version=snap.version),
+    )
+
+
+def decide_rebuild(snap: PoolSnapshot, ready: tuple[str, ...], *, relearn_ms: int = 0) -> Decision:
+    """State was lost (missing, or written on another Redis server): take residency from
+    what the drivers report as running, and count the resident busy for ``relearn_ms``
+    while routers renew the leases the store forgot. (The store records which server the
+    new state is written on.)"""
     if snap.phase != Phase.UNKNOWN:
         return NOTHING
     resident = ready[0] if len(ready) == 1 else ""
@@ -788,11 +876,14 @@ def decide_rebuild(snap: PoolSnapshot, ready: tuple[str, ...]) -> Decision:
                     "from": "",
                     "owner": "",
                     "forced": "",
+                    "parked": "",
+                    "unhealthy": "",
+                    "relearn": str(snap.now_ms + relearn_ms) if resident else "",
                     "epoch": str(next_epoch(snap)),
                 }
             ),
         ),
-        pre=Preconditions(state_missing=True),
+        pre=Preconditions(state_unknown=True),
     )
 
 

@@ -29,6 +29,7 @@ from hotseat_pool_controller.state import (
     PoolSnapshot,
     RecordSwapTime,
     RemoveWaiter,
+    RevokeLeases,
     SetFailure,
     SetState,
     retry_after_s,
@@ -57,6 +58,19 @@ class ExpiredLease:
     member: str
     request_id: str | None
     router: str | None
+
+
+class Renewal(Enum):
+    RENEWED = 1
+    GONE = 0
+    UNKNOWN = -1
+    """The store cannot tell (its state is unknown, a rebuild is due): not a refusal."""
+
+
+@dataclass(frozen=True, slots=True)
+class Renewed:
+    outcome: Renewal
+    shareable: bool = True
 
 
 class ConflictError(RuntimeError):
@@ -110,7 +124,9 @@ class PoolStore:
             "lease_keys": self._lease_keys,
             "swap_times": self._swap_times,
         }
-        raw = await self.link.script(self._snapshot, keys=self._all_keys, args=[orjson.dumps(spec)])
+        raw = await self.link.script(
+            self._snapshot, keys=self._all_keys, args=[orjson.dumps(spec)], identified=True
+        )
         return _parse_snapshot(orjson.loads(raw))
 
     async def view(self) -> PoolView:
@@ -123,6 +139,8 @@ class PoolStore:
             epoch=snap.epoch,
             leases={m: snap.live_leases(m) for m in self.policy.members},
             waiters={m: snap.live_waiters(m) for m in self.policy.members},
+            unhealthy=snap.unhealthy,
+            relearning=snap.relearning,
         )
 
     # --- decisions ----------------------------------------------------------------
@@ -136,8 +154,8 @@ class PoolStore:
             "zero_leases": [self._lease_keys[m] for m in pre.zero_leases],
             "zero_waiters": [self.keys.pool_waiters(self.policy.name, m) for m in pre.zero_waiters],
         }
-        if pre.state_missing:
-            pre_spec["state_missing"] = True
+        if pre.state_unknown:
+            pre_spec["state_unknown"] = True
         if pre.version is not None:
             pre_spec["version"] = pre.version
         if pre.waiter_cap is not None:
@@ -148,7 +166,9 @@ class PoolStore:
             "pre": pre_spec,
             "ops": [self._encode(op) for op in decision.ops],
         }
-        result = await self.link.script(self._apply, keys=self._all_keys, args=[orjson.dumps(spec)])
+        result = await self.link.script(
+            self._apply, keys=self._all_keys, args=[orjson.dumps(spec)], identified=True
+        )
         return Applied(int(result))
 
     async def decide(
@@ -215,6 +235,13 @@ class PoolStore:
                     "value": f"{op.seconds:.3f}",
                     "keep": SWAP_TIMES_KEPT,
                 }
+            case RevokeLeases():
+                return {
+                    "op": "revoke",
+                    "key": self._lease_keys[op.member],
+                    "meta_key": self._lease_meta,
+                    "attempt_key": self._attempt_leases,
+                }
 
     async def grant_if_resident(
         self, member: str, lease_id: str, attempt: str, router: str, *, request_id: str = ""
@@ -235,6 +262,7 @@ class PoolStore:
                 self.keys.pool_failure(pool, member),
             ],
             args=[member, lease_id, self.policy.lease_ttl_ms, attempt, router, request_id],
+            identified=True,
         )
         if int(result[0]) != 1:
             return None
@@ -244,20 +272,35 @@ class PoolStore:
 
     # --- leases and waiters ---------------------------------------------------------
 
-    async def renew(self, member: str, lease_id: str) -> bool:
+    async def renew(
+        self,
+        member: str,
+        lease_id: str,
+        *,
+        epoch: int = 0,
+        attempt: str = "",
+        request_id: str = "",
+        router: str = "",
+    ) -> Renewed:
+        """Extend a live lease; write back one the store forgot while it relearns (the
+        epoch, attempt and router say whose it was); see scripts.RENEW."""
         key = self._lease_keys.get(member)
         if key is None:
-            return False
+            return Renewed(Renewal.GONE)
         result = await self.link.script(
-            self._renew, keys=[key], args=[lease_id, self.policy.lease_ttl_ms]
+            self._renew,
+            keys=[key, self._state, self._lease_meta, self._attempt_leases],
+            args=[lease_id, self.policy.lease_ttl_ms, member, epoch, attempt, request_id, router],
+            identified=True,
         )
-        return bool(result)
+        outcome = Renewal(int(result[0]))
+        return Renewed(outcome, shareable=outcome is not Renewal.RENEWED or bool(int(result[1])))
 
     async def release(self, member: str, lease_id: str) -> Released:
         key = self._lease_keys.get(member)
         if key is None:
             return Released(removed=False, may_move=False)
-        removed, left, phase, waiters = await self.link.script(
+        removed, left, phase, waiters, unhealthy = await self.link.script(
             self._release,
             keys=[
                 key,
@@ -268,10 +311,12 @@ class PoolStore:
             ],
             args=[lease_id],
         )
-        # Only the last lease of a member the pool is draining away from, or one that
-        # other members' requests wait behind, can let the pool move; other releases need
-        # no supervisor tick.
-        may_move = int(left) == 0 and (phase == Phase.DRAINING.value or int(waiters) > 0)
+        # Only the last lease of a member the pool is draining away from, one that other
+        # members' requests wait behind, or one on an unhealthy resident (now it can be
+        # recovered) can let the pool move; other releases need no supervisor tick.
+        may_move = int(left) == 0 and (
+            phase == Phase.DRAINING.value or int(waiters) > 0 or bool(unhealthy)
+        )
         return Released(removed=bool(removed), may_move=may_move)
 
     async def cancel(self, member: str, attempt: str) -> bool:
@@ -327,7 +372,8 @@ def _parse_snapshot(raw: dict[str, Any]) -> PoolSnapshot:
     swap_times = raw.get("swap_times") or []
     if isinstance(swap_times, dict):
         swap_times = []
-    phase = Phase(state["phase"]) if state.get("phase") else Phase.UNKNOWN
+    stale = bool(raw.get("stale"))
+    phase = Phase(state["phase"]) if state.get("phase") and not stale else Phase.UNKNOWN
     return PoolSnapshot(
         now_ms=int(raw["now"]),
         phase=phase,
@@ -343,6 +389,8 @@ def _parse_snapshot(raw: dict[str, Any]) -> PoolSnapshot:
         committed_ms=int(state.get("committed") or 0),
         forced=bool(state.get("forced")),
         parked=bool(state.get("parked")),
+        unhealthy=bool(state.get("unhealthy")),
+        relearn_ms=int(state.get("relearn") or 0),
         leases={m["name"]: int(m["leases"]) for m in members},
         waiters={m["name"]: int(m["waiters"]) for m in members},
         failures={m["name"]: int(m["failure"]) for m in members if int(m["failure"]) > 0},

@@ -16,6 +16,10 @@ class PoolView(BaseModel):
     epoch: int
     leases: dict[str, int]
     waiters: dict[str, int]
+    unhealthy: bool = False
+    """The resident failed its health checks while serving: kept until its leases end."""
+    relearning: bool = False
+    """The store lost its state and routers are renewing their leases back."""
 
 
 class PoolList(BaseModel):

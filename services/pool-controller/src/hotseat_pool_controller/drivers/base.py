@@ -11,6 +11,10 @@ Contract (the controller's safety rests on it):
   busy (fail closed).
 - ``epoch`` is the swap's fencing token; drivers that can pass it on (the sim) do, so a
   stale controller's commands are refused by the backend itself.
+- ``confirm_gone`` answers True only when the driver can *prove* the member holds nothing
+  any more (no process, no pod, the model unloaded); when it cannot tell (a process that
+  is alive but does not answer, a backend it cannot see) it answers False. Recovery never
+  takes a member with live leases for gone on less (docs/adr/0005).
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ class ResidencyDriver(Protocol):
         ...
 
     async def is_idle(self, member: str) -> bool: ...
+
+    async def confirm_gone(self, member: str) -> bool:
+        """True only when the member is provably not running (memory free, nothing to cut)."""
+        ...
 
     async def residency(self) -> dict[str, bool]:
         """Member -> whether it is loaded right now (ready or on its way), for rebuilding."""

@@ -132,6 +132,10 @@ class HttpDriver:
     async def is_ready(self, member: str) -> bool:
         return (await self._probe(self._spec(member))).state is State.READY
 
+    async def confirm_gone(self, member: str) -> bool:
+        """An HTTP backend's process is out of this driver's sight: never provably gone."""
+        return False
+
     async def is_idle(self, member: str) -> bool:
         spec = self._spec(member)
         return await fetch_idle(self._client, member, spec.slots_url)

@@ -159,6 +159,17 @@ class KubernetesDriver:
             return False
         return _replicas(workload) >= 1 and _available(workload)
 
+    async def confirm_gone(self, member: str) -> bool:
+        """Gone when no pod of the workload is left (a pod that fails its probes is not)."""
+        spec = self._spec(member)
+        try:
+            workload = await self._workload(spec)
+            return not await self._pods(spec, _selector(spec, workload))
+        except DriverError as exc:
+            log.warning("kubernetes_gone_check_failed", pool=self._pool, member=member,
+                        error=str(exc))  # fmt: skip
+            return False
+
     async def is_idle(self, member: str) -> bool:
         spec = self._spec(member)
         workload = await self._workload(spec)

@@ -239,6 +239,12 @@ class ProcessDriver:
         run.was_ready = run.was_ready or ready
         return ready
 
+    async def confirm_gone(self, member: str) -> bool:
+        """Gone when no process of the member's group is left (a stalled one is not)."""
+        spec = self._spec(member)
+        run = self._find(spec)
+        return run is None or (not run.alive() and not await self._members(run))
+
     async def is_idle(self, member: str) -> bool:
         spec = self._spec(member)
         run = self._find(spec)

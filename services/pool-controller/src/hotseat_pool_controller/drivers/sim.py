@@ -100,6 +100,17 @@ class SimDriver:
             return False
         return response.status_code == 200
 
+    async def confirm_gone(self, member: str) -> bool:
+        """Gone when nothing listens at its address (the process exited) or the sim reports
+        its model unloaded or failed; a sim that does not answer (stalled) is not gone."""
+        try:
+            state = await self._state(member)
+        except httpx.ConnectError:
+            return True
+        except httpx.HTTPError:
+            return False
+        return state.get("state") in {"unloaded", "failed"}
+
     async def is_idle(self, member: str) -> bool:
         try:
             response = await self._client.get(self._url(member, "/slots"))
