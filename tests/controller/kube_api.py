@@ -5,6 +5,9 @@ It speaks the real REST semantics of those calls, on a real socket:
 - ``GET /apis/apps/v1/namespaces/{ns}/{deployments|statefulsets}/{name}``
 - ``GET`` and ``PATCH .../{name}/scale`` (``autoscaling/v1`` Scale; a PATCH needs a patch
   content type, 415 otherwise; merge patches are applied as RFC 7386 says)
+- ``PATCH .../{name}`` (a merge patch of the workload's ``metadata.annotations``)
+- a PATCH whose body names ``metadata.resourceVersion`` is refused with 409 Conflict unless
+  that is the object's current version (optimistic concurrency, as the API server does)
 - ``GET /api/v1/namespaces/{ns}/pods?labelSelector=...`` (a PodList with its
   ``resourceVersion``)
 - ``GET /api/v1/namespaces/{ns}/pods?watch=true&resourceVersion=N&labelSelector=...``:
@@ -79,6 +82,7 @@ class Workload:
     available: int = 0
     conditions: list[dict[str, str]] = field(default_factory=list)
     resource_version: int = 0
+    annotations: dict[str, str] = field(default_factory=dict)
 
     def body(self) -> dict[str, Any]:
         container: dict[str, Any] = {"name": "server", "image": "llama-server"}
@@ -92,6 +96,7 @@ class Workload:
                 "namespace": self.namespace,
                 "resourceVersion": str(self.resource_version),
                 "generation": self.generation,
+                "annotations": dict(self.annotations),
             },
             "spec": {
                 "replicas": self.replicas,
@@ -222,6 +227,7 @@ class KubeApi:
         app.router.add_get(APPS, self._get_workload)
         app.router.add_get(APPS + "/scale", self._get_scale)
         app.router.add_patch(APPS + "/scale", self._patch_scale)
+        app.router.add_patch(APPS, self._patch_workload)
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._pods)
         self._runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self._runner.setup()
@@ -351,7 +357,8 @@ class KubeApi:
         found = self._find(request)
         return found if isinstance(found, web.Response) else _json(found.scale())
 
-    async def _patch_scale(self, request: web.Request) -> web.Response:
+    def _patchable(self, request: web.Request) -> Workload | web.Response:
+        """The workload a merge patch may apply to, or the refusal (type, version)."""
         found = self._find(request)
         if isinstance(found, web.Response):
             return found
@@ -365,6 +372,33 @@ class KubeApi:
             )
         if content_type != "application/merge-patch+json":
             return status(400, "BadRequest", "this server only applies merge patches")
+        body = request[BODY]
+        wanted = body.get("metadata", {}).get("resourceVersion") if isinstance(body, dict) else None
+        if wanted is not None and str(wanted) != str(found.resource_version):
+            return status(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {found.plural}.apps "{found.name}": the '
+                "object has been modified; please apply your changes to the latest version",
+            )
+        return found
+
+    async def _patch_workload(self, request: web.Request) -> web.Response:
+        found = self._patchable(request)
+        if isinstance(found, web.Response):
+            return found
+        annotations = merge_patch(found.annotations, request[BODY].get("metadata", {}).get(
+            "annotations", {}))  # fmt: skip
+        if annotations != found.annotations:
+            found.annotations = {k: v for k, v in annotations.items() if v is not None}
+            found.resource_version = next(self._version)
+            self.timeline.append(Moment(time.monotonic(), "annotate", found.name, annotations))
+        return _json(found.body())
+
+    async def _patch_scale(self, request: web.Request) -> web.Response:
+        found = self._patchable(request)
+        if isinstance(found, web.Response):
+            return found
         patched = merge_patch(found.scale(), request[BODY])
         replicas = patched.get("spec", {}).get("replicas")
         if not isinstance(replicas, int) or replicas < 0:

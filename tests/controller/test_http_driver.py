@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from hotseat.launcher import free_port
+from hotseat_common import headers
 from hotseat_common.config.model import HotseatConfig, Pool
 from hotseat_pool_controller.drivers import DriverError, build_driver
 from hotseat_pool_controller.drivers.http import HttpDriver
@@ -28,11 +29,15 @@ class Call:
 @dataclass
 class Recorder:
     calls: list[Call] = field(default_factory=list)
+    epochs: list[str | None] = field(default_factory=list)
+    """The x-hotseat-epoch header of each command (everything but probes)."""
 
     async def record(self, request: web.Request) -> Any:
         raw = await request.read()
         body = json.loads(raw) if raw else None
         self.calls.append(Call(request.method, request.path_qs, body))
+        if request.method != "GET":
+            self.epochs.append(request.headers.get(headers.EPOCH))
         return body
 
     def commands(self) -> list[Call]:
@@ -256,6 +261,7 @@ async def test_vllm_recipe_makes_exactly_the_documented_calls(serve, drivers):
     assert not await driver.is_ready("coder")
     probed = {c.path for c in vllm.calls if c.method == "GET"}
     assert probed == {"/health", "/is_sleeping"}
+    assert vllm.epochs == ["1", "2"], "every command carries its swap's epoch"
 
 
 async def test_load_returns_only_once_the_loaded_check_passes(serve, drivers):

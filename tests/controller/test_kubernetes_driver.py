@@ -14,8 +14,12 @@ import yaml
 
 from hotseat_common.config.model import HotseatConfig
 from hotseat_pool_controller.drivers import build_driver
-from hotseat_pool_controller.drivers.base import DriverError
-from hotseat_pool_controller.drivers.kubernetes import WATCH_SERVER_TIMEOUT_S, KubernetesDriver
+from hotseat_pool_controller.drivers.base import DriverError, Fenced
+from hotseat_pool_controller.drivers.kubernetes import (
+    EPOCH_ANNOTATION,
+    WATCH_SERVER_TIMEOUT_S,
+    KubernetesDriver,
+)
 from tests.controller.kube_api import KubeApi, slots_server
 from tests.support.stack import Stack
 
@@ -102,19 +106,25 @@ def watch_query(version: str, selector: str = "app=a") -> dict[str, str]:
 async def test_load_merge_patches_the_scale_to_one_and_returns_once_available(
     api: KubeApi, driver: KubernetesDriver
 ):
-    """load: GET the Deployment, PATCH /scale (merge patch, replicas 1), GET until available."""
-    api.add_workload("a", replicas=0)
+    """load: GET the Deployment, record the epoch on it and PATCH /scale (merge patches,
+    each conditional on the version it was computed from), GET until available."""
+    version = str(api.add_workload("a", replicas=0).resource_version)
     await driver.load("a", epoch=1)
 
     assert api.workload("a").available == 1
     assert api.calls() == [
         ("GET", DEPLOY.format("a"), {}),
+        ("PATCH", DEPLOY.format("a"), {"fieldManager": "hotseat-controller"}),
         ("PATCH", DEPLOY.format("a") + "/scale", {"fieldManager": "hotseat-controller"}),
         ("GET", DEPLOY.format("a"), {}),
     ]
-    patch = next(r for r in api.requests if r.method == "PATCH")
-    assert patch.content_type == MERGE_PATCH
-    assert patch.body == {"spec": {"replicas": 1}}
+    annotate, patch = (r for r in api.requests if r.method == "PATCH")
+    assert {annotate.content_type, patch.content_type} == {MERGE_PATCH}
+    assert annotate.body == {
+        "metadata": {"resourceVersion": version, "annotations": {EPOCH_ANNOTATION: "1"}}
+    }
+    assert patch.body["spec"] == {"replicas": 1}
+    assert patch.body["metadata"]["resourceVersion"] != version  # the annotated one
     # It polled while the pod was pending, and stopped at the first available answer.
     assert sum(r.method == "GET" for r in api.requests) >= 3
     assert api.requests[-1].method == "GET"
@@ -188,8 +198,9 @@ async def test_statefulset_members_use_the_statefulset_paths(
         {"a": {"name": "big", "workload": "StatefulSet", "namespace": "llm"}}, namespace="other"
     )
     await driver.load("a", epoch=3)
-    assert api.calls()[:2] == [
+    assert api.calls()[:3] == [
         ("GET", STS.format("big"), {}),
+        ("PATCH", STS.format("big"), {"fieldManager": "hotseat-controller"}),
         ("PATCH", STS.format("big") + "/scale", {"fieldManager": "hotseat-controller"}),
     ]
     await driver.unload("a", epoch=4)
@@ -213,18 +224,19 @@ async def test_unload_returns_only_after_the_pods_are_deleted(
     deleted = api.moments("pod_deleted")
     assert len(deleted) == 1
     calls = api.calls()
-    assert calls[:3] == [
+    assert calls[:4] == [
         ("GET", DEPLOY.format("a"), {}),
+        ("PATCH", DEPLOY.format("a"), {"fieldManager": "hotseat-controller"}),
         ("PATCH", DEPLOY.format("a") + "/scale", {"fieldManager": "hotseat-controller"}),
         ("GET", PODS, {"labelSelector": "app=a"}),
     ]
-    patch = api.requests[1]
+    patch = api.requests[2]
     assert patch.content_type == MERGE_PATCH
-    assert patch.body == {"spec": {"replicas": 0}}
-    method, path, query = calls[3]
+    assert patch.body["spec"] == {"replicas": 0}
+    method, path, query = calls[4]
     assert (method, path) == ("GET", PODS)
     assert query == watch_query(query["resourceVersion"])
-    assert len(calls) == 4
+    assert len(calls) == 5
 
 
 async def test_unload_of_a_scaled_down_member_is_one_read_and_one_list(
@@ -474,3 +486,31 @@ async def test_shipped_role_grants_exactly_the_verbs_the_driver_uses(
     assert used == granted
     names = {n for rule in role["rules"] for n in rule.get("resourceNames", [])}
     assert names == {"model-assistant", "model-coder"}
+
+
+# --- fencing ---------------------------------------------------------------------------
+
+
+async def test_a_stale_owner_cannot_scale_a_member_a_newer_owner_scaled(
+    api: KubeApi, make_driver: Callable[..., KubernetesDriver]
+) -> None:
+    """The epoch goes onto the workload before each scale, and every write is conditional
+    on the version read: a controller of an older epoch (frozen past its heartbeat, thawed
+    after another took the pool) is refused, whether it reads after the newer write or
+    read before it (the API server's 409, then the fence); the member stays up."""
+    api.add_workload("a", replicas=0)
+    newer, stale = make_driver(), make_driver()
+    read_before = await stale._workload(stale._spec("a"))
+    await newer.load("a", epoch=7)
+    assert api.workload("a").annotations == {EPOCH_ANNOTATION: "7"}
+    with pytest.raises(Fenced):
+        await stale.unload("a", epoch=5)
+    with pytest.raises(Fenced):
+        await stale._scale(stale._spec("a"), 0, 6, read_before)
+    conflicts = [r for r in api.requests if r.method == "PATCH" and r.body["metadata"].get(
+        "resourceVersion") == read_before.metadata.resourceVersion]  # fmt: skip
+    assert conflicts, "the stale write was sent on the version it had read"
+    assert api.workload("a").replicas == 1
+    assert [m.detail for m in api.moments("scale")] == [1]
+    await newer.unload("a", epoch=8)
+    assert api.workload("a").replicas == 0

@@ -23,9 +23,11 @@ from hotseat_common.config import load_config
 from hotseat_common.config.model import HotseatConfig, Pool
 from hotseat_common.keys import Keys
 from hotseat_pool_controller.drivers import DriverError, build_driver, process
+from hotseat_pool_controller.drivers.base import Fenced
 from hotseat_pool_controller.drivers.process import ProcessDriver
 from hotseat_pool_controller.drivers.processgroup import read_pid_file
 from hotseat_sim.timeline import overlaps, read_timeline, residencies
+from tests.support.oracle import judge
 
 MEMBER_SERVER = str(Path(__file__).with_name("member_server.py"))
 
@@ -616,3 +618,42 @@ async def test_sim_member_serving_a_stream_is_killed_after_the_grace_period(
     assert 1.0 <= elapsed < 3.0, elapsed
     assert is_gone(pid)
     assert not port_open(ports["a"])
+
+
+@pytest.mark.slow
+async def test_a_thawed_stale_owner_can_neither_stop_nor_start_a_member(
+    tmp_path, make_driver, redis_server, redis, prefix
+):
+    """Two controllers' drivers on one host: after the newer owner (epoch 2) moved the pool
+    from a to b and b serves a stream, the older owner (epoch 1, thawed) can neither stop b
+    nor start a, both refused by the host's epoch fence; the stream ends cleanly, the ledger
+    shows no overlap and no cut, and the stale driver's shutdown leaves b running."""
+    ports = {"a": free_port(), "b": free_port()}
+    config, pool = write_sim_config(
+        tmp_path / "hotseat.yaml", ports, redis_url=redis_server.url, prefix=prefix, grace=1
+    )
+    stale, newer = make_driver(config, pool), make_driver(config, pool)
+    await stale.load("a", epoch=1)
+    await newer.unload("a", epoch=2)
+    await newer.load("b", epoch=2)
+    url = f"http://127.0.0.1:{ports['b']}/v1/chat/completions"
+    body = {"model": "b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30,
+            "stream": True}  # fmt: skip
+    async with (
+        httpx.AsyncClient(trust_env=False, timeout=30) as client,
+        client.stream("POST", url, json=body) as stream,
+    ):
+        lines = stream.aiter_lines()
+        await anext(lines)  # b is serving
+        with pytest.raises(Fenced):
+            await stale.unload("b", epoch=1)
+        with pytest.raises(Fenced):
+            await stale.load("a", epoch=1)
+        rest = [line async for line in lines]
+    assert "data: [DONE]" in rest
+    await stale.aclose()
+    assert await newer.is_ready("b")
+    assert not port_open(ports["a"])
+    timeline = await read_timeline(redis, Keys(prefix), "gpu0")
+    verdict = judge(timeline)
+    assert verdict.ok, verdict.summary()

@@ -18,6 +18,7 @@ from hotseat_pool_controller.state import (
     Phase,
     PoolPolicy,
     PoolSnapshot,
+    RevokeLeases,
     SetState,
     decide_acquire,
     decide_admin_swap,
@@ -27,6 +28,7 @@ from hotseat_pool_controller.state import (
     decide_fail,
     decide_heartbeat,
     decide_rebuild,
+    decide_resident_health,
     decide_resident_lost,
     decide_tick,
     next_epoch,
@@ -472,3 +474,56 @@ def test_if_idle_is_not_held_for_a_swap_that_serves_another_member() -> None:
     assert isinstance(decide_acquire(warm_up, ask("writer", IF_IDLE), policy, ME).reply, WaitReply)
     waited = decide_acquire(in_flight, ask("writer", WAIT), policy, ME)
     assert isinstance(waited.reply, WaitReply)
+
+
+def test_a_resident_that_serves_is_never_declared_lost() -> None:
+    """resident_lost needs no live lease and no relearning (and checks it atomically);
+    only a confirmed-gone member is lost while serving, and its leases go with it."""
+    serving = snap(resident="judge", leases={"judge": 1})
+    assert decide_resident_lost(serving, "judge", "health") is NOTHING
+    relearning = snap(resident="judge", relearn_ms=NOW + 1000)
+    assert decide_resident_lost(relearning, "judge", "health") is NOTHING
+    idle = decide_resident_lost(snap(resident="judge"), "judge", "health")
+    assert idle.pre.zero_leases == ("judge",)
+    revoked = decide_resident_lost(serving, "judge", "gone", revoke=True)
+    assert RevokeLeases("judge") in revoked.ops
+    assert [a.outcome for a in revoked.audit] == [PoolOutcome.RESIDENT_LOST]
+
+
+def test_an_unhealthy_resident_is_held_or_skipped_then_recovered_once_idle() -> None:
+    """Marked unhealthy while serving: IfIdle skips it, Wait waits for it (never a grant);
+    the tick declares it lost once its last lease has ended."""
+    s = snap(resident="judge", leases={"judge": 1}, unhealthy=True)
+    assert isinstance(
+        decide_acquire(s, ask("judge", IF_IDLE), POLICY, ME).reply, IncumbentBusyReply
+    )
+    waited = decide_acquire(s, ask("judge", WAIT), POLICY, ME)
+    assert isinstance(waited.reply, WaitReply)
+    assert waited.reply.reason == "recovering"
+    assert AddWaiter("judge", "r1", NOW + 300_000) in waited.ops
+    assert decide_tick(s, POLICY, ME) is NOTHING
+    idle = replace(s, leases={})
+    lost = decide_tick(idle, POLICY, ME)
+    assert [a.outcome for a in lost.audit] == [PoolOutcome.RESIDENT_LOST]
+    marked = decide_resident_health(snap(resident="judge"), "judge", healthy=False)
+    assert marked.ops == (SetState({"unhealthy": "1"}),)
+    assert decide_resident_health(s, "judge", healthy=False) is NOTHING
+    cleared = decide_resident_health(s, "judge", healthy=True)
+    assert cleared.ops == (SetState({"unhealthy": ""}),)
+
+
+def test_a_rebuilt_resident_is_busy_while_the_store_relearns() -> None:
+    """After a rebuild the resident counts as busy for the relearn window (Wait drains,
+    IfIdle skips); once it passes, an idle resident is swapped as usual."""
+    rebuilt = decide_rebuild(snap(phase=Phase.UNKNOWN), ("judge",), relearn_ms=3000)
+    fields = next(op for op in rebuilt.ops if isinstance(op, SetState)).fields
+    assert int(fields["relearn"]) == NOW + 3000
+    s = snap(resident="judge", relearn_ms=NOW + 3000)
+    assert isinstance(
+        decide_acquire(s, ask("coder", IF_IDLE), POLICY, ME).reply, IncumbentBusyReply
+    )
+    waited = decide_acquire(s, ask("coder", WAIT), POLICY, ME)
+    assert isinstance(waited.reply, WaitReply)
+    assert waited.reply.reason == "draining"
+    later = replace(s, now_ms=NOW + 3001)
+    assert decide_acquire(later, ask("coder", WAIT), POLICY, ME).swap is not None

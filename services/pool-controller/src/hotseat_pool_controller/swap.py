@@ -2,7 +2,10 @@
 
 No request can cancel a swap: it runs in the controller's own task, bounded only by the
 pool's ``swapTimeout``. A heartbeat keeps the claim; when the claim is lost (another
-replica took over with a newer epoch) the swap stops touching drivers at once.
+replica took over with a newer epoch) the swap stops touching drivers at once. Right before
+every driver command the owner reads the pool state once more and stops if the swap is no
+longer its own, so a controller that was frozen and thawed does not act on a stale claim;
+the drivers fence what is left of that window at the backend (docs/drivers.md).
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ class SwapRunner:
                         result = "cancelled"
                         return result
                     if order.target:
+                        await self._still_owner(order)
                         await self._driver.load(order.target, epoch=epoch)
                     await self._step(lambda s: decide_commit(s, epoch, self._controller), "ready")
                     result = "completed"
@@ -117,8 +121,15 @@ class SwapRunner:
                      result=result, seconds=round(time.monotonic() - started, 3))  # fmt: skip
         return result
 
+    async def _still_owner(self, order: SwapOrder) -> None:
+        """Raise :class:`OwnershipLost` unless the swap is still ours (read just now)."""
+        snap = await self._store.snapshot()
+        if snap.epoch != order.epoch or snap.owner != self._controller:
+            raise OwnershipLost
+
     async def _unload_others(self, order: SwapOrder) -> None:
         others = [m for m in self._policy.members if m != order.target]
+        await self._still_owner(order)
         await asyncio.gather(*(self._driver.unload(m, epoch=order.epoch) for m in others))
 
     async def _unload_target_if_unwanted(self, order: SwapOrder) -> None:
@@ -131,16 +142,13 @@ class SwapRunner:
             return  # the target's load began (under an earlier owner): it runs to completion
         if not order.target or snap.forced or snap.live_waiters(order.target) > 0:
             return
-        if snap.epoch != order.epoch or snap.owner != self._controller:
-            raise OwnershipLost
+        await self._still_owner(order)
         await self._driver.unload(order.target, epoch=order.epoch)
 
     async def _fail(self, order: SwapOrder, reason: str) -> None:
         log.error("swap_failed", pool=self._policy.name, target=order.target, epoch=order.epoch,
                   reason=reason)  # fmt: skip
-        snap = await self._store.snapshot()
-        if snap.epoch != order.epoch or snap.owner != self._controller:
-            raise OwnershipLost
+        await self._still_owner(order)
         if order.target:
             try:
                 async with asyncio.timeout(UNLOAD_AFTER_FAILURE_TIMEOUT_S):

@@ -30,6 +30,13 @@ class DriverError(HotseatError):
     code = "driver_error"
 
 
+class Fenced(DriverError):
+    """A command from a swap owner older than one that already acted on the member (it
+    lost the swap while frozen or partitioned): refused by the backend's fence."""
+
+    code = "fenced"
+
+
 class ResidencyDriver(Protocol):
     async def load(self, member: str, *, epoch: int) -> None: ...
 

@@ -31,6 +31,7 @@ from enum import StrEnum
 
 import httpx
 
+from hotseat_common import headers
 from hotseat_common.config.model import HotseatConfig, LoadedCheck, Pool
 from hotseat_common.config.model import HttpDriver as HttpDriverConfig
 from hotseat_common.logging import get_logger
@@ -133,8 +134,12 @@ class HttpDriver:
         return (await self._probe(self._spec(member))).state is State.READY
 
     async def confirm_gone(self, member: str) -> bool:
-        """An HTTP backend's process is out of this driver's sight: never provably gone."""
-        return False
+        """Gone only on proof: the server refuses connections, or its loaded check says
+        the model is not loaded. A health URL answering non-200 proves nothing (a server
+        under load may answer so while it still serves)."""
+        spec = self._spec(member)
+        probe = await self._probe(spec)
+        return probe.down or (spec.loaded_check is not None and probe.state is State.GONE)
 
     async def is_idle(self, member: str) -> bool:
         spec = self._spec(member)
@@ -164,7 +169,9 @@ class HttpDriver:
     ) -> None:
         started = time.monotonic()
         try:
-            response = await self._client.request(spec.method, url, json=body)
+            response = await self._client.request(
+                spec.method, url, json=body, headers={headers.EPOCH: str(epoch)}
+            )
         except httpx.ConnectError as exc:
             if action == "unload":
                 return  # nothing listens: the server is down, and its model with it

@@ -23,6 +23,14 @@ kubeconfig), bounded by the driver's ``requestTimeout``:
 - **residency**: ``spec.replicas`` or ``status.replicas`` of the ``scale`` subresource is
   above 0; a workload that cannot be read counts as loaded (it might hold the GPU).
 
+Fencing: every scale is preceded by a merge patch that records the swap's epoch in the
+workload's ``hotseat.dev/epoch`` annotation, and both patches carry the
+``metadata.resourceVersion`` they were computed from, so the API server refuses (409
+Conflict) a write based on a version someone changed since. A controller whose epoch is
+older than the one recorded (it lost the swap while frozen) refuses to scale; one whose
+read raced a newer owner's write is refused by the API server, reads again, and then
+refuses. A conflict with an unrelated writer (a rollout) is simply retried.
+
 The controller's service account needs ``get`` and ``patch`` on the workloads and their
 ``scale`` subresource, and ``get``, ``list``, ``watch`` on pods (deploy/kubernetes/).
 """
@@ -47,12 +55,17 @@ from lightkube.types import PatchType
 from hotseat_common.config.model import HotseatConfig, Pool
 from hotseat_common.config.model import KubernetesDriver as KubernetesDriverConfig
 from hotseat_common.logging import get_logger
-from hotseat_pool_controller.drivers.base import DriverError
+from hotseat_pool_controller.drivers.base import DriverError, Fenced
 from hotseat_pool_controller.drivers.probes import fetch_idle
 
 __all__ = ["KubernetesDriver"]
 
 log = get_logger(__name__)
+
+EPOCH_ANNOTATION = "hotseat.dev/epoch"
+"""The highest swap epoch that scaled the workload (see the fencing paragraph above)."""
+CONFLICT_RETRIES = 5
+HTTP_CONFLICT = 409
 
 WATCH_SERVER_TIMEOUT_S = 60
 """A pod watch is re-opened (from the last resource version) at least this often."""
@@ -128,7 +141,7 @@ class KubernetesDriver:
         async with self._locks[member]:
             workload = await self._workload(spec)
             if _replicas(workload) != 1:
-                await self._scale(spec, 1)
+                workload = await self._scale(spec, 1, epoch, workload)
                 log.info("kubernetes_scaled", pool=self._pool, member=member,
                          workload=spec.label, replicas=1, epoch=epoch)  # fmt: skip
             while not _available(workload):
@@ -141,7 +154,7 @@ class KubernetesDriver:
         async with self._locks[member]:
             workload = await self._workload(spec)
             if _replicas(workload) != 0:
-                await self._scale(spec, 0)
+                workload = await self._scale(spec, 0, epoch, workload)
                 log.info("kubernetes_scaled", pool=self._pool, member=member,
                          workload=spec.label, replicas=0, epoch=epoch)  # fmt: skip
             started = time.monotonic()
@@ -230,16 +243,50 @@ class KubernetesDriver:
         )
         return workload
 
-    async def _scale(self, spec: _Spec, replicas: int) -> None:
-        await self._call(
+    async def _scale(self, spec: _Spec, replicas: int, epoch: int, workload: Workload) -> Workload:
+        """Record ``epoch`` on the workload, then scale it, each write conditional on the
+        version it was computed from (see the module docstring); the workload as read."""
+        for _ in range(CONFLICT_RETRIES):
+            metadata = workload.metadata
+            recorded = int(((metadata.annotations if metadata else None) or {}).get(
+                EPOCH_ANNOTATION, "0"))  # fmt: skip
+            if recorded > epoch:
+                raise Fenced(
+                    f"{spec.member}: scale {spec.label} to {replicas} refused: epoch {epoch} is "
+                    f"older than epoch {recorded} that already scaled it (this controller "
+                    "lost the swap)"
+                )
+            version = metadata.resourceVersion if metadata else None
+            try:
+                if recorded < epoch:
+                    workload = await self._patch(
+                        spec,
+                        spec.kind,
+                        {"metadata": {"resourceVersion": version,
+                                      "annotations": {EPOCH_ANNOTATION: str(epoch)}}},
+                        "record the epoch on",
+                    )  # fmt: skip
+                    version = workload.metadata.resourceVersion if workload.metadata else None
+                await self._patch(
+                    spec,
+                    spec.kind.Scale,
+                    {"metadata": {"resourceVersion": version}, "spec": {"replicas": replicas}},
+                    f"scale to {replicas}",
+                )
+            except DriverError as exc:
+                if not _conflict(exc):
+                    raise
+                workload = await self._workload(spec)  # changed meanwhile: look again
+                continue
+            return workload
+        raise DriverError(f"{spec.member}: scale {spec.label}: kept conflicting with other writers")
+
+    async def _patch(self, spec: _Spec, kind: Any, body: dict[str, Any], action: str) -> Any:
+        return await self._call(
             spec,
-            f"scale to {replicas}",
+            action,
             self._kube.patch(
-                spec.kind.Scale,
-                spec.name,
-                {"spec": {"replicas": replicas}},
-                namespace=spec.namespace,
-                patch_type=PatchType.MERGE,
+                kind, spec.name, body, namespace=spec.namespace, patch_type=PatchType.MERGE
             ),
         )
 
@@ -319,6 +366,11 @@ async def _until_empty(watch: Any, remaining: set[str]) -> None:
                 return
     finally:
         await watch.aclose()
+
+
+def _conflict(exc: DriverError) -> bool:
+    cause = exc.__cause__
+    return isinstance(cause, ApiError) and cause.status.code == HTTP_CONFLICT
 
 
 def _pod_name(pod: Pod) -> str:

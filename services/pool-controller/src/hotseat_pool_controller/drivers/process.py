@@ -16,6 +16,12 @@ Unload, written for servers that hang on SIGTERM while a request is in flight (l
 
 Only then does ``unload`` return, so the next load never meets the old process.
 
+Fencing: every start and every stop passes the pool's host-local epoch fence first
+(:mod:`.fence`): a command from a swap owner older than one that already acted here is
+refused, so a controller frozen past its heartbeat cannot kill or start a member once it
+thaws. A controller shutting down stops the members it started only if no newer owner
+has acted on the pool since.
+
 Scope: one host. A driver can only signal processes on its own host; the pid file lets
 another driver on the same host (a restarted controller, a standby replica) find and stop
 a member it did not start. Run the controller as a single replica, or active/standby on
@@ -42,8 +48,9 @@ from hotseat_common.config.model import ProcessDriver as ProcessDriverConfig
 from hotseat_common.config.model import ProcessMember as ProcessMemberConfig
 from hotseat_common.logging import get_logger
 from hotseat_pool_controller.drivers import processgroup
-from hotseat_pool_controller.drivers.base import DriverError
+from hotseat_pool_controller.drivers.base import DriverError, Fenced
 from hotseat_pool_controller.drivers.expansion import expand
+from hotseat_pool_controller.drivers.fence import EpochFence
 from hotseat_pool_controller.drivers.probes import fetch_idle
 from hotseat_pool_controller.drivers.processgroup import PidRecord
 
@@ -198,6 +205,7 @@ class ProcessDriver:
             )
         self._running: dict[str, _Running] = {}
         self._locks = {name: asyncio.Lock() for name in self._specs}
+        self._fence = EpochFence(self._dir / "fence")
         self._client = httpx.AsyncClient(
             timeout=HTTP_TIMEOUT, limits=httpx.Limits(max_connections=32), trust_env=False
         )
@@ -213,20 +221,20 @@ class ProcessDriver:
                     run.was_ready = True
                     return
                 if not run.was_ready:  # still starting (a load that was cancelled earlier)
-                    await self._wait_ready(spec, run)
+                    await self._wait_ready(spec, run, epoch)
                     return
                 log.warning("process_member_unhealthy_restart", pool=self._pool, member=member)
             if run is not None:
-                await self._stop(spec, run)
+                await self._stop(spec, run, epoch=epoch)
             run = await self._start(spec, epoch)
-            await self._wait_ready(spec, run)
+            await self._wait_ready(spec, run, epoch)
 
     async def unload(self, member: str, *, epoch: int) -> None:
         spec = self._spec(member)
         async with self._locks[member]:
             run = self._find(spec)
             if run is not None:
-                await self._stop(spec, run)
+                await self._stop(spec, run, epoch=epoch)
             else:
                 await self._confirm_port_released(spec)
 
@@ -268,11 +276,14 @@ class ProcessDriver:
         try:
             runs = list(self._running.items())
             results = await asyncio.gather(
-                *(self._stop(self._specs[name], run) for name, run in runs),
+                *(self._stop(self._specs[name], run, epoch=None) for name, run in runs),
                 return_exceptions=True,
             )
             for (name, _), result in zip(runs, results, strict=True):
-                if isinstance(result, BaseException):
+                if isinstance(result, Fenced):
+                    log.info("process_member_left_to_newer_owner", pool=self._pool,
+                             member=name, reason=str(result))  # fmt: skip
+                elif isinstance(result, BaseException):
                     log.error("process_member_stop_failed", pool=self._pool, member=name,
                               error=str(result))  # fmt: skip
         finally:
@@ -349,23 +360,24 @@ class ProcessDriver:
         except OSError as exc:
             raise DriverError(f"{spec.name}: cannot open its log or data dir: {exc}") from exc
         with log_file:
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            header = f"{processgroup.LOG_MARKER} {spec.name} (epoch {epoch}) at {stamp}: "
-            log_file.write((header + " ".join(spec.argv) + "\n").encode())
-            log_file.flush()
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    executable,
-                    *spec.argv[1:],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    env={**os.environ, **spec.env},
-                    cwd=spec.cwd,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                raise DriverError(f"{spec.name}: cannot start {spec.argv[0]!r}: {exc}") from exc
+            async with self._fence.hold(epoch, f"start {spec.name}"):
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                header = f"{processgroup.LOG_MARKER} {spec.name} (epoch {epoch}) at {stamp}: "
+                log_file.write((header + " ".join(spec.argv) + "\n").encode())
+                log_file.flush()
+                try:
+                    proc = await asyncio.create_subprocess_exec(
+                        executable,
+                        *spec.argv[1:],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                        env={**os.environ, **spec.env},
+                        cwd=spec.cwd,
+                        start_new_session=True,
+                    )
+                except OSError as exc:
+                    raise DriverError(f"{spec.name}: cannot start {spec.argv[0]!r}: {exc}") from exc
         exited = asyncio.create_task(proc.wait(), name=f"process-{self._pool}-{spec.name}-exit")
         created = processgroup.create_time(proc.pid) or time.time()  # None: exited already
         record = PidRecord(pid=proc.pid, create_time=created, epoch=epoch, argv=spec.argv)
@@ -374,17 +386,17 @@ class ProcessDriver:
         try:
             processgroup.write_pid_file(spec.pid_path, record)
         except OSError as exc:
-            await self._stop(spec, run)
+            await self._stop(spec, run, epoch=epoch)
             raise DriverError(f"{spec.name}: cannot write {spec.pid_path}: {exc}") from exc
         log.info("process_member_started", pool=self._pool, member=spec.name, pid=proc.pid,
                  epoch=epoch, log=str(spec.log_path))  # fmt: skip
         return run
 
-    async def _wait_ready(self, spec: _Spec, run: _Running) -> None:
+    async def _wait_ready(self, spec: _Spec, run: _Running, epoch: int) -> None:
         deadline = None if self._ready_timeout is None else run.started + self._ready_timeout
         while True:
             if not run.alive():
-                await self._stop(spec, run, confirm_port=False)
+                await self._stop(spec, run, epoch=epoch, confirm_port=False)
                 code = run.exit_code()
                 raise DriverError(
                     f"{spec.name}: exited before ready"
@@ -398,7 +410,7 @@ class ProcessDriver:
                          pid=run.pid, seconds=round(time.monotonic() - run.started, 3))  # fmt: skip
                 return
             if deadline is not None and time.monotonic() >= deadline:
-                await self._stop(spec, run)
+                await self._stop(spec, run, epoch=epoch)
                 raise DriverError(
                     f"{spec.name}: not ready after {self._ready_timeout}s (readyTimeout); "
                     f"stopped it. Last lines of {spec.log_path}:\n"
@@ -406,12 +418,17 @@ class ProcessDriver:
                 )
             await run.wait_exit(POLL_INTERVAL_S)  # wakes at once when the process exits
 
-    async def _stop(self, spec: _Spec, run: _Running, *, confirm_port: bool = True) -> None:
-        """SIGTERM the group, SIGKILL after the grace period, confirm the group is gone."""
+    async def _stop(
+        self, spec: _Spec, run: _Running, *, epoch: int | None, confirm_port: bool = True
+    ) -> None:
+        """SIGTERM the group (through the epoch fence), SIGKILL after the grace period,
+        confirm the group is gone. ``epoch`` ``None``: a shutdown, under the highest epoch
+        this driver acted under."""
         pgid = run.pid  # a session leader's group id is its pid
         began = time.monotonic()
         if await self._members(run):
-            processgroup.signal_group(pgid, signal.SIGTERM)
+            async with self._fence.hold(epoch, f"stop {spec.name}"):
+                processgroup.signal_group(pgid, signal.SIGTERM)
             log.info("process_member_stopping", pool=self._pool, member=spec.name, pid=pgid)
         if not await self._group_gone(run, self._grace):
             processgroup.signal_group(pgid, signal.SIGKILL)
