@@ -16,7 +16,7 @@ $(BIN)/.installed: $(PYPROJECTS)
 
 install: $(BIN)/.installed
 
-## Debian packages some tests need (libfaketime, redis-sentinel); installs only what is missing.
+## Debian packages some tests need (libfaketime); installs only what is missing.
 system-deps:
 	bash scripts/system_deps.sh
 

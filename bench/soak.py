@@ -1,12 +1,23 @@
 """Chaos soak: a whole Hotseat fleet under mixed traffic while its processes are killed.
 
 Two routers, two pool controllers and the audit service (on PostgreSQL), two pools of two
-sim members each, private NATS and Redis. Concurrent clients send a mix of Wait and IfIdle
-requests, streaming and not, for a fixed duration, while a chaos loop SIGKILLs a random
-router, controller or audit process every few seconds and starts it again on the same
-port. At the end it prints requests by status, swaps, busy skips, audit events published
-(accepted by JetStream) against stored, and the GPU ledger verdict of both pools, and
-exits non-zero on any ledger violation, lost or duplicated audit event.
+sim members each, private NATS, a private Redis for the controllers' pool store and
+another for the sims' GPU ledger (the oracle's truth must survive what happens to the
+store). Concurrent clients send a mix of Wait and IfIdle requests, streaming and not, some
+of them reusing a handful of client request ids across routers at once, for a fixed
+duration, while a chaos loop every few seconds does one of:
+
+- SIGKILL a random router, controller or the audit service, and start it again;
+- SIGKILL the pool store's Redis and start it again empty on the same port;
+- SIGSTOP a random sim backend for one to three seconds (a stalled GPU server), then
+  SIGCONT it.
+
+The second router runs with its wall clock 90 s behind (libfaketime, when installed).
+At the end it prints requests by status, faults, swaps, busy skips, audit events
+published (accepted by JetStream) against stored, and the full GPU ledger verdict of both
+pools (no overlap, no member unloaded while serving, no request cut, no lost ledger
+write), and exits non-zero on any ledger violation, lost or duplicated audit event, cut
+stream or 503 without Retry-After.
 
 Run: ``.venv/bin/python bench/soak.py --duration 150`` (``make soak``; ``--ci`` is a
 one-minute run for CI). Needs PostgreSQL at ``HOTSEAT_TEST_POSTGRES_DSN`` (default
@@ -19,7 +30,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -48,6 +61,7 @@ from hotseat_sim.timeline import read_timeline
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test tree's database helper and ledger oracle
 
+from tests.support.faketime import library as faketime_library  # noqa: E402
 from tests.support.infra import fresh_postgres_database  # noqa: E402
 from tests.support.oracle import Verdict, judge  # noqa: E402
 
@@ -167,10 +181,16 @@ class Part:
         return f"http://127.0.0.1:{self.port}"
 
 
+ROUTER_CLOCK_OFFSET = "-90s"
+REUSED_IDS = 5
+"""Clients whose number is a multiple of 3 draw their request ids from this many."""
+
+
 @dataclass
 class Tally:
     statuses: Counter[str] = field(default_factory=Counter)
-    answered: set[str] = field(default_factory=set)
+    answered: Counter[str] = field(default_factory=Counter)
+    """Answers received per client request id (reused ids are answered many times)."""
     kills: Counter[str] = field(default_factory=Counter)
     crashes: Counter[str] = field(default_factory=Counter)
     """Parts found dead that the chaos loop had not killed."""
@@ -203,7 +223,7 @@ async def one_request(
             continue
         except httpx.HTTPError as exc:
             return f"cut by a router kill ({type(exc).__name__})"
-        tally.answered.add(request_id)
+        tally.answered[request_id] += 1
         if response.status_code == 503:
             if "retry-after" not in response.headers:
                 return "503-no-retry-after"
@@ -223,7 +243,7 @@ async def client_loop(n: int, routers: list[Part], stop: asyncio.Event, tally: T
         i = 0
         while not stop.is_set():
             i += 1
-            request_id = f"soak-{n}-{i}"
+            request_id = f"soak-dup-{i % REUSED_IDS}" if n % 3 == 0 else f"soak-{n}-{i}"
             model = rng.choice(models)
             router = routers[rng.randrange(len(routers))]
             stream = rng.random() < 0.5
@@ -240,8 +260,28 @@ async def client_loop(n: int, routers: list[Part], stop: asyncio.Event, tally: T
             await asyncio.sleep(rng.random() * 0.2)
 
 
+@dataclass
+class Store:
+    """The controllers' Redis, which the chaos loop kills and starts again empty."""
+
+    workdir: Path
+    port: int
+    proc: Managed | None = None
+
+    def start(self) -> Managed:
+        self.proc = start_redis(self.workdir, port=self.port)
+        return self.proc
+
+
 async def chaos_loop(
-    parts: list[Part], logs: Path, stop: asyncio.Event, tally: Tally, interval: float
+    parts: list[Part],
+    *,
+    store: Store,
+    sims: list[Managed],
+    logs: Path,
+    stop: asyncio.Event,
+    tally: Tally,
+    interval: float,
 ) -> None:
     rng = random.Random(99)
     while not stop.is_set():
@@ -253,14 +293,30 @@ async def chaos_loop(
             # Died without being killed: a bug. Restart it (as an orchestrator would).
             tally.crashes[crashed.name] += 1
             await asyncio.to_thread(crashed.start, logs)
-        part = rng.choice(parts)
-        if part.proc is not None:
-            part.proc.kill()
-        tally.kills[part.name] += 1
-        tally.last_killed = {part.name}
-        await asyncio.sleep(0.5 + rng.random())
-        await asyncio.to_thread(part.start, logs)
-        tally.last_killed = set()
+        fault = rng.random()
+        if fault < 0.6:
+            part = rng.choice(parts)
+            if part.proc is not None:
+                part.proc.kill()
+            tally.kills[part.name] += 1
+            tally.last_killed = {part.name}
+            await asyncio.sleep(0.5 + rng.random())
+            await asyncio.to_thread(part.start, logs)
+            tally.last_killed = set()
+        elif fault < 0.8:
+            if store.proc is not None:
+                store.proc.kill()  # nothing on disk: it comes back empty
+            tally.kills["redis (restarted empty)"] += 1
+            await asyncio.sleep(0.2 + rng.random() * 0.3)
+            await asyncio.to_thread(store.start)
+        else:
+            sim = rng.choice(sims)
+            tally.kills["backend stalled (SIGSTOP)"] += 1
+            os.kill(sim.pid, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(1 + rng.random() * 2)
+            finally:
+                os.kill(sim.pid, signal.SIGCONT)
 
 
 async def stream_messages(nats_url: str) -> int:
@@ -325,12 +381,21 @@ async def run(args: argparse.Namespace) -> int:
     with fresh_postgres_database() as dsn:
         try:
             nats_proc = start_nats(workdir / "nats")
-            redis_proc = start_redis(workdir / "redis")
+            redis_proc = start_redis(workdir / "ledger-redis")  # the sims' ledger: never killed
+            store = Store(workdir / "store-redis", free_port())
+            store.start()
             infra += [nats_proc, redis_proc]
-            env = {
+            sim_env = {
                 **FAST,
                 "HOTSEAT_NATS_URL": nats_proc.url,
                 "HOTSEAT_REDIS_URL": redis_proc.url,
+                "HOTSEAT_KEY_PREFIX": PREFIX,
+                "HOTSEAT_CONFIG": str(config_path),
+            }
+            env = {
+                **FAST,
+                "HOTSEAT_NATS_URL": nats_proc.url,
+                "HOTSEAT_REDIS_URL": f"redis://127.0.0.1:{store.port}/0",
                 "HOTSEAT_SUBJECT_PREFIX": PREFIX,
                 "HOTSEAT_KEY_PREFIX": PREFIX,
                 "HOTSEAT_AUDIT_STREAM": STREAM,
@@ -343,13 +408,20 @@ async def run(args: argparse.Namespace) -> int:
                     ["--backend", member],
                     port=ports[member],
                     log_dir=logs,
-                    env=env,
+                    env=sim_env,
                     ready_path="/control/state",
                 )
                 for member in members
             ]
+            skewed = _skewed_clock(env)
             routers = [
-                Part(f"router{i}", "hotseat-router", ["--instance", f"router{i}"], free_port(), env)
+                Part(
+                    f"router{i}",
+                    "hotseat-router",
+                    ["--instance", f"router{i}"],
+                    free_port(),
+                    skewed if i == 2 else env,
+                )
                 for i in (1, 2)
             ]
             controllers = [
@@ -374,7 +446,17 @@ async def run(args: argparse.Namespace) -> int:
                 asyncio.create_task(client_loop(n, routers, stop, tally))
                 for n in range(args.clients)
             ]
-            chaos = asyncio.create_task(chaos_loop(parts, logs, stop, tally, args.chaos_interval))
+            chaos = asyncio.create_task(
+                chaos_loop(
+                    parts,
+                    store=store,
+                    sims=sims,
+                    logs=logs,
+                    stop=stop,
+                    tally=tally,
+                    interval=args.chaos_interval,
+                )
+            )
             await asyncio.sleep(args.duration)
             stop.set()
             await chaos
@@ -393,19 +475,28 @@ async def run(args: argparse.Namespace) -> int:
             ids = await asyncio.to_thread(request_ids, dsn)
             ledger = await verdicts(redis_proc.url)
         finally:
-            for proc in [*(p.proc for p in parts if p.proc is not None), *sims, *infra]:
+            for sim in sims:  # a sim left stopped by an interrupted run
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(sim.pid, signal.SIGCONT)
+            stores = [store.proc] if store.proc is not None else []
+            for proc in [*(p.proc for p in parts if p.proc is not None), *sims, *infra, *stores]:
                 proc.stop(10)
 
     lost = max(0, accepted - landed)
     duplicates = rows - distinct
     violations = sum(v.violations for v in ledger.values())
-    unaudited = sum(1 for rid in tally.answered if ids[rid] == 0)
-    doubled = sum(1 for c in ids.values() if c > 1)
+    unaudited = sum(max(0, n - ids[rid]) for rid, n in tally.answered.items())
+    doubled = sum(max(0, c - max(1, tally.answered[rid])) for rid, c in ids.items())
     swaps = {k: by_outcome[f"swap_{k}"] for k in ("completed", "started", "cancelled", "failed")}
     report = {
         "duration": f"{elapsed:.0f} s, {args.clients} clients",
         "requests": f"{sum(tally.statuses.values())}: {_counts(tally.statuses)}",
-        "kills": f"{sum(tally.kills.values())}: {_counts(tally.kills)}",
+        "faults": f"{sum(tally.kills.values())}: {_counts(tally.kills)}",
+        "router2 clock": ROUTER_CLOCK_OFFSET
+        if skewed is not env
+        else "not skewed (no libfaketime)",
+        "reused ids": f"{sum(n for rid, n in tally.answered.items() if '-dup-' in rid)} answers "
+        f"on {REUSED_IDS} client request ids shared by clients on both routers",
         "crashes": f"{sum(tally.crashes.values())} {_counts(tally.crashes)}".strip(),
         "swaps": _counts(Counter(swaps)),
         "busy skips": str(by_outcome["busy_skip"]),
@@ -427,6 +518,17 @@ async def run(args: argparse.Namespace) -> int:
         failed = True
     print("FAIL" if failed else "OK")
     return 1 if failed else 0
+
+
+def _skewed_clock(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the wall clock ``ROUTER_CLOCK_OFFSET`` away (``env`` itself without
+    libfaketime)."""
+    lib = faketime_library()
+    if lib is None:
+        print("soak: libfaketime not installed (scripts/system_deps.sh): no skewed router")
+        return env
+    return {**env, "LD_PRELOAD": str(lib), "FAKETIME": ROUTER_CLOCK_OFFSET,
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"}  # fmt: skip
 
 
 def _counts(counter: Counter[str]) -> str:

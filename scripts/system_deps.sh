@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs beyond Python: libfaketime (routers run under a
-# shifted wall clock) and redis-sentinel (the failover test). Installs only what is
-# missing; without root it says what to install and goes on (the tests that need a
-# package skip, or fail under CI=true).
+# shifted wall clock). Installs only what is missing; without root it says what to
+# install and goes on (the tests that need a package skip, or fail under CI=true).
 set -euo pipefail
-packages=(faketime redis-sentinel)
+packages=(faketime)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -17,10 +16,4 @@ fi
 echo "system_deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-# policy-rc.d keeps the package from starting a system-wide sentinel service.
-policy=/usr/sbin/policy-rc.d
-created=0
-if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod +x "$policy"; created=1; fi
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-[ "$created" -eq 1 ] && rm -f "$policy"
-exit 0

@@ -56,6 +56,18 @@ class RedisSettings(BaseSettings):
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL")
     redis_password: SecretStr | None = Field(default=None, description="Redis password")
     redis_tls_ca: Path | None = Field(default=None, description="CA bundle for Redis TLS")
+    redis_sentinels: str | None = Field(
+        default=None,
+        description="Redis Sentinels, host:port comma-separated: the primary is asked of them"
+        " (and again after a failover); the URL then gives only the scheme, user, password"
+        " and database",
+    )
+    redis_sentinel_master: str = Field(
+        default="hotseat", description="Name of the primary the Sentinels monitor"
+    )
+    redis_sentinel_password: SecretStr | None = Field(
+        default=None, description="Password of the Sentinels themselves (if they need one)"
+    )
     key_prefix: str = Field(default=DEFAULT_KEY_PREFIX, description="Prefix of Redis keys")
 
 

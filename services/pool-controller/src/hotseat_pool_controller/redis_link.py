@@ -22,6 +22,11 @@ Failures, as the store's callers expect them (redis-py's exception types):
   :class:`~redis.exceptions.TimeoutError`, as does every command behind it, and the
   connection is dropped (a stalled server); the next command reconnects.
 
+With ``redis_sentinels`` set, each connection first asks the Sentinels where the primary
+is, and checks with ``ROLE`` that the server it reached is a primary; a ``READONLY`` reply
+(the server was demoted under it) drops the connection like a broken one, so the next
+command finds the new primary.
+
 Each connection learns the ``run_id`` of the server it reached (``INFO server``, before
 any other command): a script called with ``identified=True`` gets it as its last
 argument, read at the moment the command leaves, so a script can tell that the server it
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import hashlib
 import ssl
 import time
@@ -42,7 +48,8 @@ from typing import Any, cast
 
 import hiredis
 from redis.asyncio.connection import parse_url
-from redis.exceptions import AuthenticationError, ResponseError
+from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -118,6 +125,10 @@ class _Connection(asyncio.Protocol):
         try:
             while (reply := self._reader.gets()) is not False:
                 future, _ = self._pending.popleft()
+                if isinstance(reply, ResponseError) and str(reply).startswith("READONLY"):
+                    # Demoted to a replica under us (a failover): as good as broken.
+                    self.abort(RedisConnectionError(f"Redis is no longer the primary: {reply}"))
+                    return
                 if future.done():  # its caller gave up (a probe's own timeout)
                     continue
                 if isinstance(reply, ResponseError):
@@ -175,6 +186,8 @@ class RedisLink:
         name: str | None = None,
     ) -> None:
         self._endpoint = _Endpoint.from_settings(settings)
+        self._sentinel = _sentinel(settings, timeout)
+        self._master = settings.redis_sentinel_master
         self._timeout = timeout
         self._retries = retries
         self._name = name
@@ -225,6 +238,9 @@ class RedisLink:
 
     async def aclose(self) -> None:
         self._closed = True
+        if self._sentinel is not None:
+            for client in self._sentinel.sentinels:
+                await client.aclose()
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self._opening is not None:
@@ -249,6 +265,9 @@ class RedisLink:
         conn: _Connection | None = None
         try:
             async with asyncio.timeout(self._timeout):
+                if self._sentinel is not None:
+                    host, port = await self._sentinel.discover_master(self._master)
+                    ep = dataclasses.replace(ep, host=str(host), port=int(port), path=None)
                 if ep.path is not None:
                     _, conn = await loop.create_unix_connection(_Connection, ep.path)
                 else:
@@ -261,6 +280,8 @@ class RedisLink:
                     )
                 for command in self._handshake():
                     await conn.send(command)
+                if self._sentinel is not None:
+                    await _require_primary(conn)
                 conn.server_id = await _server_id(conn)
         except BaseException as exc:
             if conn is not None:
@@ -307,6 +328,31 @@ class RedisLink:
         self._arm_watchdog()
 
 
+def _sentinel(settings: RedisSettings, timeout: float) -> Sentinel | None:
+    if not settings.redis_sentinels:
+        return None
+    addresses: list[tuple[str, int]] = []
+    for item in settings.redis_sentinels.split(","):
+        host, _, port = item.strip().rpartition(":")
+        addresses.append((host or "127.0.0.1", int(port or 26379)))
+    password = settings.redis_sentinel_password
+    return Sentinel(  # type: ignore[no-untyped-call]  # redis-py's Sentinel has no annotations
+        addresses,
+        sentinel_kwargs={
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "password": password.get_secret_value() if password else None,
+        },
+    )
+
+
+async def _require_primary(conn: _Connection) -> None:
+    """A Sentinel's answer may be stale for a moment after a failover: refuse a replica."""
+    role = await conn.send(("ROLE",))
+    if not role or role[0] != "master":
+        raise RedisConnectionError(f"the server the Sentinels named is a {role[0]}, not primary")
+
+
 async def _server_id(conn: _Connection) -> str:
     """``run_id`` from ``INFO server`` ("" where INFO is renamed or refused, e.g. a proxy)."""
     try:
@@ -327,4 +373,6 @@ def _connect_error(exc: BaseException, timeout: float) -> BaseException:
         return AuthenticationError(f"Redis refused the connection: {exc}")
     if isinstance(exc, OSError):
         return RedisConnectionError(f"cannot connect to Redis: {exc}")
+    if isinstance(exc, RedisError) and not isinstance(exc, RedisConnectionError):
+        return RedisConnectionError(f"cannot find the Redis primary: {exc}")
     return exc
