@@ -35,15 +35,21 @@ async def chat(url: str, model: str, max_tokens: int = 1, **headers: str) -> htt
 
 
 @asynccontextmanager
-async def streaming(url: str, model: str, max_tokens: int) -> AsyncIterator[asyncio.Task[str]]:
+async def streaming(
+    url: str, model: str, max_tokens: int, *, request_id: str | None = None
+) -> AsyncIterator[asyncio.Task[str]]:
     """A streaming request that has received its first chunk (its lease is live)."""
     first = asyncio.Event()
+    headers = {"x-hotseat-request-id": request_id} if request_id else {}
 
     async def run() -> str:
         async with (
             httpx.AsyncClient(timeout=60) as client,
             client.stream(
-                "POST", f"{url}/v1/chat/completions", json=body(model, max_tokens, stream=True)
+                "POST",
+                f"{url}/v1/chat/completions",
+                json=body(model, max_tokens, stream=True),
+                headers=headers,
             ) as response,
         ):
             assert response.status_code == 200, await response.aread()

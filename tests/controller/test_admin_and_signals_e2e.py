@@ -123,13 +123,16 @@ async def test_admin_swap_respects_slots_busy_with_bypassing_traffic(make_stack:
         assert accepted.status_code == 200, accepted.text
         await stack.wait_resident("coder")
         # force: the operator's way past a member whose /slots stays busy.
-        async with streaming(stack.sims["coder"].url, "coder", max_tokens=40):
+        async with streaming(stack.sims["coder"].url, "coder", max_tokens=40, request_id="bypass"):
             unload = f"{stack.controller_url}/v1/pools/gpu0/unload"
             assert (await client.post(unload, headers=auth)).status_code == 409
             forced = await client.post(unload, json={"force": True}, headers=auth)
             assert forced.status_code == 200, forced.text
     await stack.wait_resident(None)  # type: ignore[arg-type]
-    await stack.assert_invariants()
+    # The forced unload cut the request that bypassed the router (it held no lease): the
+    # operator's explicit choice, counted apart; nothing else was cut.
+    verdict = await stack.assert_invariants(excused={"bypass"})
+    assert verdict.summary()["excused"] == 1, verdict.summary()
 
 
 async def test_long_stream_keeps_its_lease_by_renewal(make_stack: Make) -> None:

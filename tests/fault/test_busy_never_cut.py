@@ -68,10 +68,10 @@ async def test_two_requests_with_one_client_id_hold_two_leases(make_stack: MakeF
         held = asyncio.create_task(chat(second.url, "coder", timeout=60))
         result = await stream
     answer = await held
+    await stack.assert_invariants()  # the oracle first: no request cut, none unloaded
     assert result.clean, result
     assert answer.status_code == 200, answer.text
     assert answer.headers["x-hotseat-backend"] == "coder"
-    await stack.assert_invariants()
 
 
 # --- 2: busy is re-learned after Redis lost its state -------------------------------------
@@ -98,10 +98,10 @@ async def test_a_stream_survives_redis_restarting_empty(
             held = asyncio.create_task(chat(router.url, "coder", timeout=60))
             result = await stream
         answer = await held
+        await stack.assert_invariants()
         assert result.clean, result
         assert answer.status_code == 200, answer.text
         assert answer.headers["x-hotseat-backend"] == "coder"
-        await stack.assert_invariants()
     finally:
         ctl_redis.stop()
 
@@ -146,8 +146,11 @@ async def test_a_stalled_resident_under_a_stream_is_not_unloaded(
     several health checks: while the stream's lease lives it is not unloaded, a Wait
     request for coder is held; once judge answers again, the stream ends cleanly and
     only then does the swap run."""
-    stack = started(make_stack(pool_stack_config(pool={"leaseTtl": "2s"})))
+    # No default member: once judge is taken for lost, nothing brings it back before the
+    # swap to coder (which is what would cut the stream).
+    stack = started(make_stack(pool_stack_config(pool={"leaseTtl": "2s", "default": None})))
     router = stack.routers[0]
+    assert (await chat(router.url, "judge")).status_code == 200
     await stack.wait_resident("judge")
     # Longer than the freeze (two health checks that time out: about 11 s).
     async with live_stream(router.url, "judge", max_tokens=400) as stream:  # 20 s at 20 tok/s
@@ -157,10 +160,10 @@ async def test_a_stalled_resident_under_a_stream_is_not_unloaded(
             await eventually(lambda: _coder_waits(stack), timeout=20, interval=0.05)
         result = await stream
     answer = await held
+    await stack.assert_invariants()
     assert result.clean, result
     assert answer.status_code == 200, answer.text
     assert answer.headers["x-hotseat-backend"] == "coder"
-    await stack.assert_invariants()
 
 
 async def _health_failed(stack: FaultStack) -> bool:

@@ -43,6 +43,7 @@ async def test_load_unload_lifecycle_and_health(start_sim: StartSim, slow_load) 
         "error": None,
         "in_flight": 0,
         "epoch": None,
+        "ledger_write_failures": 0,
     }
     health = await sim.http.get("/health")
     assert (health.status_code, health.json()) == (503, LOADING)
