@@ -182,6 +182,9 @@ class Part:
 
 
 ROUTER_CLOCK_OFFSET = "-90s"
+NEVER_ANSWERED = "never answered (client timeout)"
+CLIENT_TIMEOUT_S = 40.0
+"""Longer than any hold (swapBudget 15 s) plus a stream: an answer later than this is lost."""
 REUSED_IDS = 5
 """Clients whose number is a multiple of 3 draw their request ids from this many."""
 
@@ -221,6 +224,8 @@ async def one_request(
                 text = (await response.aread()).decode(errors="replace")
         except httpx.ConnectError:
             continue
+        except httpx.TimeoutException:
+            return NEVER_ANSWERED  # held or stalled past the client's patience: a bug
         except httpx.HTTPError as exc:
             return f"cut by a router kill ({type(exc).__name__})"
         tally.answered[request_id] += 1
@@ -239,7 +244,7 @@ async def client_loop(n: int, routers: list[Part], stop: asyncio.Event, tally: T
     rng = random.Random(n)
     models = [m for members in POOLS.values() for m in members]
     models += [f"{p}-ifidle" for p in POOLS]
-    async with httpx.AsyncClient(timeout=httpx.Timeout(40)) as http:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(CLIENT_TIMEOUT_S)) as http:
         i = 0
         while not stop.is_set():
             i += 1
@@ -498,6 +503,7 @@ async def run(args: argparse.Namespace) -> int:
         "reused ids": f"{sum(n for rid, n in tally.answered.items() if '-dup-' in rid)} answers "
         f"on {REUSED_IDS} client request ids shared by clients on both routers",
         "crashes": f"{sum(tally.crashes.values())} {_counts(tally.crashes)}".strip(),
+        "never answered": str(tally.statuses[NEVER_ANSWERED]),
         "swaps": _counts(Counter(swaps)),
         "busy skips": str(by_outcome["busy_skip"]),
         "leases expired": str(by_outcome["lease_expired"]),
@@ -512,9 +518,14 @@ async def run(args: argparse.Namespace) -> int:
         print(f"{label:<16}{text}")
     crashes = sum(tally.crashes.values())
     failed = violations > 0 or lost > 0 or duplicates > 0 or doubled > 0 or crashes > 0
-    bad_status = tally.statuses["503-no-retry-after"] + tally.cut_streams
+    bad_status = (
+        tally.statuses["503-no-retry-after"] + tally.cut_streams + tally.statuses[NEVER_ANSWERED]
+    )
     if bad_status:
-        print(f"{bad_status} answers broke the contract (503 without Retry-After, cut stream)")
+        print(
+            f"{bad_status} answers broke the contract (503 without Retry-After, cut stream, "
+            "never answered)"
+        )
         failed = True
     print("FAIL" if failed else "OK")
     return 1 if failed else 0
