@@ -201,7 +201,7 @@ class Tally:
     cut_streams: int = 0
 
 
-async def one_request(
+async def one_request(  # noqa: PLR0911 - one return per way a request can end
     http: httpx.AsyncClient,
     routers: list[Part],
     router: Part,
@@ -209,7 +209,7 @@ async def one_request(
     request_id: str,
     body: dict[str, Any],
     tally: Tally,
-) -> str:  # noqa: PLR0911 - one return per way a request can end
+) -> str:
     """Send one request; a router that refuses the connection (killed) is skipped for the
     other one, as a load balancer would. The answer's status (503s with their code)."""
     others = [r for r in routers if r is not router]
