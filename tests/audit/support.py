@@ -130,17 +130,51 @@ async def fill_history(dsn: str, rows: int = HISTORY_ROWS) -> int:
         start = datetime.now(UTC) - timedelta(days=7)
         step = timedelta(days=7) / rows
         for first in range(0, rows, 1000):
-            batch = request_events(min(1000, rows - first), start=start + first * step, step=step)
-            await store.write(
-                [
-                    Incoming(e.model_copy(update={"request_id": f"history-{first + i}"}))
-                    for i, e in enumerate(batch)
-                ],
-                [],
-            )
+            batch = [
+                _history_event(i, start + i * step) for i in range(first, min(first + 1000, rows))
+            ]
+            await store.write([Incoming(e) for e in batch], [])
     finally:
         await store.close()
     return rows
+
+
+_HISTORY_POOL = (
+    PoolOutcome.SWAP_STARTED,
+    PoolOutcome.SWAP_COMPLETED,
+    PoolOutcome.BUSY_SKIP,
+    PoolOutcome.LEASE_EXPIRED,
+)
+
+
+def _history_event(i: int, when: datetime) -> AuditEvent:
+    """Mostly served requests, one in ten a pool event, each kind with its own fields."""
+    if i % 10:
+        outcome = RequestOutcome.SERVED if i % 7 else RequestOutcome.POOL_ACTIVATION_TIMEOUT
+        return AuditEvent(
+            kind="request",
+            outcome=outcome,
+            time=when,
+            request_id=f"history-{i}",
+            router="r1",
+            rule="default",
+            pool="gpu0",
+            member="assistant",
+            backend="assistant",
+            status=200 if outcome is RequestOutcome.SERVED else 503,
+            duration_ms=float(i % 500),
+        )
+    return pool_event(
+        _HISTORY_POOL[(i // 10) % len(_HISTORY_POOL)],
+        when,
+        request_id=f"history-{i}",
+        controller="c1",
+        pool="gpu0",
+        member="coder",
+        from_member="assistant",
+        to_member="coder",
+        epoch=i,
+    )
 
 
 def postgres_schema_dsn(base: str, schema: str) -> str:

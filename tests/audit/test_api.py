@@ -234,6 +234,8 @@ async def test_cursor_is_bound_to_its_filters(populated: Populated) -> None:
         ({"limit": 0}, "limit"),
         ({"limit": 5000}, "limit"),
         ({"since": T2.isoformat(), "until": T1.isoformat()}, "until"),
+        ({"request_id": ["req-1", "req\x002"]}, "request_id"),
+        ({"member": "coder\x00"}, "member"),
     ],
 )
 async def test_invalid_parameters_are_422_naming_the_field(

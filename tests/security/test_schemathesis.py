@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from hotseat.launcher import Managed, find_binary, free_port, start_service
+from tests.audit.support import drop_schema, fill_history, postgres_schema_dsn
 from tests.router.upstreams import FakeUpstream
 from tests.security.conftest import CLIENT_KEY
 
@@ -105,8 +106,26 @@ async def test_router_openapi_has_no_failures(router: Managed, tmp_path: Path) -
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
 
 
+@pytest.fixture(params=["sqlite", "postgres-with-history"])
+async def audit_dsn(
+    request: pytest.FixtureRequest, tmp_path: Path, prefix: str
+) -> AsyncIterator[str]:
+    """An empty SQLite store, or PostgreSQL already holding a week of events (what the
+    service runs on in production: every query then answers with real rows)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'audit.db'}"
+        return
+    base: str = request.getfixturevalue("postgres_dsn")
+    dsn = postgres_schema_dsn(base, prefix)
+    try:
+        await fill_history(dsn)
+        yield dsn
+    finally:
+        drop_schema(base, prefix)
+
+
 @pytest.fixture
-def audit(tmp_path: Path, prefix: str, nats_server: Managed) -> Iterator[Managed]:
+def audit(tmp_path: Path, prefix: str, nats_server: Managed, audit_dsn: str) -> Iterator[Managed]:
     proc = start_service(
         "audit",
         "hotseat-audit",
@@ -118,7 +137,7 @@ def audit(tmp_path: Path, prefix: str, nats_server: Managed) -> Iterator[Managed
             "--audit-stream",
             f"AUDIT_{prefix}",
             "--dsn",
-            f"sqlite:///{tmp_path / 'audit.db'}",
+            audit_dsn,
         ],
         port=free_port(),
         log_dir=tmp_path,
@@ -128,6 +147,7 @@ def audit(tmp_path: Path, prefix: str, nats_server: Managed) -> Iterator[Managed
 
 
 async def test_audit_openapi_has_no_failures(audit: Managed, tmp_path: Path) -> None:
-    """Every schemathesis check passes against the audit service's query API."""
+    """Every schemathesis check passes against the audit service's query API, on an empty
+    SQLite store and on PostgreSQL with data."""
     result = await asyncio.to_thread(schemathesis, audit.url, tmp_path)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]

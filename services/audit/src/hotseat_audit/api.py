@@ -208,6 +208,14 @@ def _check_choices(name: str, values: list[str] | None, allowed: frozenset[str])
         raise invalid([{"field": name, "message": f"{bad[0]!r} is not one of {choices}"}])
 
 
+def _check_text(filters: dict[str, list[str] | None]) -> None:
+    """No filter value may hold NUL: PostgreSQL text cannot hold one (such a query failed
+    there), so it is refused on every store alike and a query answers the same on both."""
+    for name, values in filters.items():
+        if any("\x00" in v for v in values or ()):
+            raise invalid([{"field": name, "message": "must not contain NUL (\\x00)"}])
+
+
 def build_router() -> APIRouter:
     api = APIRouter(prefix="/v1")
 
@@ -233,6 +241,15 @@ def build_router() -> APIRouter:
         newest first; ``since`` is inclusive, ``until`` exclusive."""
         _check_choices("outcome", outcome, OUTCOMES)
         _check_choices("kind", kind, KINDS)
+        _check_text(
+            {
+                "pool": pool,
+                "member": member,
+                "router": router,
+                "rule": rule,
+                "request_id": request_id,
+            }
+        )
         since_utc, until_utc = _window(since, until)
         filters = EventFilter(
             outcome=tuple(outcome or ()),
