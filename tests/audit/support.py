@@ -109,7 +109,7 @@ async def wait_until(
     while not await check():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
+        await asyncio.sleep(interval)  # the poll interval: rows landing announce nothing
 
 
 async def wait_for_rows(dsn: str, expected: int, *, timeout: float = 60) -> None:

@@ -208,6 +208,6 @@ async def test_messages_are_acked_only_after_their_rows_commit(
             info = await js.consumer_info(stream_name(prefix), AUDIT_DURABLE)
             assert info.ack_floor is None or not info.ack_floor.stream_seq
             assert info.num_ack_pending == len(events)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # spreads the window's ten looks over a second
     await wait_consumed(js, stream_name(prefix), AUDIT_DURABLE, acks[-1].seq)
     assert await counts(store_dsn) == (100, 100)

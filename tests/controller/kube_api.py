@@ -501,7 +501,7 @@ class KubeApi:
                     pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
                     await self._emit("MODIFIED", pod)
             terminating = self.pods_of(workload)
-            await asyncio.sleep(self.termination_s)
+            await asyncio.sleep(self.termination_s)  # a pod's scripted termination time
             for pod in terminating:
                 del self.pods[(pod["metadata"]["namespace"], pod["metadata"]["name"])]
                 self.timeline.append(
@@ -511,10 +511,10 @@ class KubeApi:
             return
         if any("deletionTimestamp" not in p["metadata"] for p in self.pods_of(workload)):
             return
-        await asyncio.sleep(self.pending_s)
+        await asyncio.sleep(self.pending_s)  # scripted: a pod pending, then created
         pod = self._new_pod(workload)
         await self._emit("ADDED", pod)
-        await asyncio.sleep(self.ready_s)
+        await asyncio.sleep(self.ready_s)  # scripted: a container starting
         if workload.replicas == 0 or "deletionTimestamp" in pod["metadata"]:
             return
         self._set_running(pod)

@@ -101,7 +101,7 @@ def main() -> None:
         # The ignored disposition is set before exec, so it holds from the worker's first
         # instruction (no window where a SIGTERM would still kill it).
         child = subprocess.Popen(
-            [sys.executable, "-c", "import time; time.sleep(3600)"],
+            [sys.executable, "-c", "import time; time.sleep(3600)"],  # a worker that idles
             preexec_fn=ignore_sigterm if args.child_ignores_sigterm else None,  # noqa: PLW1509
         )
         state.child_pid = child.pid
@@ -109,7 +109,7 @@ def main() -> None:
     if args.exit_after is not None:
 
         def die() -> None:
-            time.sleep(args.exit_after)
+            time.sleep(args.exit_after)  # the scripted moment the server crashes
             print(
                 "member_server: error: failed to load model 'missing.gguf'",
                 file=sys.stderr,

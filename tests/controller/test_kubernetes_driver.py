@@ -258,7 +258,7 @@ async def test_unload_waits_for_pods_still_terminating_after_an_earlier_scale_do
     workload = api.add_workload("a", replicas=1)
     workload.replicas = 0  # scaled down by someone else a moment ago
     api._spawn(api._reconcile(workload))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: the reconcile marks the pod (no wall time)
     assert api.pods_of(workload)  # terminating, still there
 
     await driver.unload("a", epoch=2)

@@ -63,7 +63,7 @@ async def test_a_grant_that_arrives_after_its_ttl_is_not_used(nc: NatsClient, pr
     async def controller(msg: Msg) -> None:
         asks.append(AcquireRequest.from_bytes(msg.data))
         if len(asks) == 1:
-            await asyncio.sleep(0.4)
+            await asyncio.sleep(0.4)  # the scripted controller answers after the TTL
             reply = Granted(lease_id="stale", ttl_s=0.3, epoch=1)
         else:
             reply = Granted(lease_id="fresh", ttl_s=5.0, epoch=2)

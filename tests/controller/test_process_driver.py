@@ -28,6 +28,7 @@ from hotseat_pool_controller.drivers.process import ProcessDriver
 from hotseat_pool_controller.drivers.processgroup import read_pid_file
 from hotseat_sim.timeline import overlaps, read_timeline, residencies
 from tests.support.oracle import judge
+from tests.support.waiting import eventually
 
 MEMBER_SERVER = str(Path(__file__).with_name("member_server.py"))
 
@@ -159,7 +160,7 @@ async def test_load_returns_once_health_answers_200(tmp_path, make_driver):
 async def test_unload_stops_the_whole_group_and_frees_the_port(tmp_path, make_driver):
     """unload returns with the leader and its worker gone, the port closed, no pid file."""
     port = free_port()
-    config, pool = make_config(tmp_path, {"a": (port, server_argv(port, "--child"))}, grace=5)
+    config, pool = make_config(tmp_path, {"a": (port, server_argv(port, "--child"))}, grace=30)
     driver = make_driver(config, pool)
     await driver.load("a", epoch=1)
     leader = pid_of(tmp_path, "a")
@@ -168,7 +169,8 @@ async def test_unload_stops_the_whole_group_and_frees_the_port(tmp_path, make_dr
     assert len(group) == 2, "the server and its worker"
     started = time.monotonic()
     await driver.unload("a", epoch=2)
-    assert time.monotonic() - started < 2, "SIGTERM was honoured: no wait for the grace period"
+    # Over before the 30 s grace period could end: SIGTERM was honoured, nothing waited.
+    assert time.monotonic() - started < 30, "the driver waited for the grace period"
     assert all(is_gone(pid) for pid in group)
     assert group_of(leader) == []
     assert not port_open(port)
@@ -206,8 +208,7 @@ async def test_sigterm_ignoring_member_is_killed_after_the_grace_period(tmp_path
     assert len(group) == 2
     started = time.monotonic()
     await driver.unload("a", epoch=2)
-    elapsed = time.monotonic() - started
-    assert 0.8 <= elapsed < 0.8 + 1.5, elapsed
+    assert time.monotonic() - started >= 0.8, "killed before its grace period was over"
     assert all(is_gone(pid) for pid in group)
     assert not port_open(port)
 
@@ -220,10 +221,11 @@ async def test_member_that_dies_out_of_band_is_not_ready_and_reloads(tmp_path, m
     await driver.load("a", epoch=1)
     first = pid_of(tmp_path, "a")
     os.killpg(first, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while (await driver.residency())["a"]:
-        assert time.monotonic() < deadline, "death not noticed"
-        await asyncio.sleep(0.02)
+
+    async def gone() -> bool:
+        return not (await driver.residency())["a"]
+
+    await eventually(gone, timeout=30, interval=0.02)
     assert not await driver.is_ready("a")
     await driver.load("a", epoch=2)
     second = pid_of(tmp_path, "a")
@@ -285,12 +287,10 @@ async def test_member_exiting_before_ready_fails_with_its_log(tmp_path, make_dri
     argv = server_argv(port, "--startup-delay", "30", "--exit-after", "0.3", "--child")
     config, pool = make_config(tmp_path, {"a": (port, argv)})
     driver = make_driver(config, pool)
-    started = time.monotonic()
     with pytest.raises(DriverError) as caught:
         await driver.load("a", epoch=1)
-    assert time.monotonic() - started < 5, "noticed the exit, not a timeout"
     message = str(caught.value)
-    assert "exited before ready (exit code 3)" in message
+    assert "exited before ready (exit code 3)" in message  # the exit, not a wait ran out
     assert "failed to load model 'missing.gguf'" in message
     assert "--- hotseat: starting" not in message, "only this start's lines"
     worker = re.search(r"worker pid (\d+)", message)
@@ -317,9 +317,8 @@ async def test_load_and_unload_are_idempotent(tmp_path, make_driver):
     port = free_port()
     config, pool = make_config(tmp_path, {"a": (port, server_argv(port))})
     driver = make_driver(config, pool)
-    started = time.monotonic()
-    await driver.unload("a", epoch=1)
-    assert time.monotonic() - started < 0.5
+    await driver.unload("a", epoch=1)  # cold: nothing to stop, nothing started
+    assert not (tmp_path / "gpu0" / "a.log").exists()
     await driver.load("a", epoch=2)
     pid = pid_of(tmp_path, "a")
     await driver.load("a", epoch=3)
@@ -615,7 +614,8 @@ async def test_sim_member_serving_a_stream_is_killed_after_the_grace_period(
         with pytest.raises(httpx.HTTPError):
             async for _ in chunks:
                 pass
-    assert 1.0 <= elapsed < 3.0, elapsed
+    # Killed once the 1 s grace was over, not left to finish its 20 s stream.
+    assert 1.0 <= elapsed < 20, elapsed
     assert is_gone(pid)
     assert not port_open(ports["a"])
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from hotseat.stack_plan import port_in_use
+from hotseat.up import STOP_BUDGET_S
 from tests.support.infra import unique_prefix
 from tests.up.harness import Up, descendants, gone
 
@@ -155,7 +156,7 @@ def test_getting_started_commands_work_as_written(tmp_path: Path):
     """Every sh command of the page, in order: make run comes up on the page's ports, the
     curls and the SDK call are answered (the coder call through a real swap), status and
     the audit log show the swap, the config checks and make deploy-check pass, and Ctrl-C
-    stops everything within 30 s."""
+    stops everything within up's stop budget."""
     busy = [port for port in PAGE_PORTS if port_in_use(port)]
     if busy:
         pytest.skip(f"ports {busy} are taken on this machine; the page's stack needs them")
@@ -193,7 +194,9 @@ def test_getting_started_commands_work_as_written(tmp_path: Path):
         # make passes an interrupt on by dying of SIGINT itself, as it does at a terminal
         assert code in {0, -signal.SIGINT}, stack.up.output
         assert "hotseat up: stopped in" in stack.up.output
-        assert seconds < 30
+        # Within up's own stop budget, past which it SIGKILLs what is left (a bound the
+        # program enforces on itself, not a guess at how fast a loaded machine runs).
+        assert seconds < STOP_BUDGET_S + 5, seconds
         assert all(gone(pid) for pid in stack.seen), stack.seen
     finally:
         if stack is not None:
@@ -205,9 +208,9 @@ def _until_swap_is_audited(
     line: str, env: dict[str, str], done: subprocess.CompletedProcess[str]
 ) -> subprocess.CompletedProcess[str]:
     """The audit service stores events a moment after they happen: ask again briefly."""
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 30
     while "swap_completed" not in done.stdout and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.5)  # the CLI offers no wait: ask the audit service again
         done = run(line, env)
     assert "swap_completed" in done.stdout, done.stdout + done.stderr
     return done

@@ -225,11 +225,11 @@ async def hanging(url: str, port: int, model: str) -> AsyncIterator[None]:
     before = await busy_slots(port)
     task = asyncio.create_task(chat(url, model, max_tokens=1900))
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while await busy_slots(port) <= before:
             if task.done() or time.monotonic() > deadline:
                 raise AssertionError(f"the request did not take a slot: {task}")
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # llama-server's /slots is polled: it announces nothing
         yield
     finally:
         if not task.done():
@@ -316,7 +316,7 @@ class Watcher:
     async def _run(self) -> None:
         while True:
             self.samples.append(await asyncio.to_thread(self._sample))
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(0.002)  # the sampling period of an outside observer, no wait
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -326,13 +326,13 @@ class Watcher:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def wait_seen(self, member: str, timeout: float = 10) -> Sample:
+    async def wait_seen(self, member: str, timeout: float = 30) -> Sample:
         """The first sample with ``member``'s process, waiting for one if need be."""
         deadline = time.monotonic() + timeout
         while not any(self.seen(member)):
             if time.monotonic() > deadline:
                 raise AssertionError(f"the watcher never saw {member}'s process")
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # until the sampler's next sample
         return next(iter(self.seen(member)))
 
     def overlaps(self) -> list[Sample]:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from hotseat.launcher import Managed, find_binary, free_port
+from hotseat.up import STOP_BUDGET_S
 from hotseat_common.config import load_config
 from hotseat_pool_controller.drivers.expansion import expand
 from tests.realserver.conftest import Llama
@@ -116,6 +117,8 @@ def test_hotseat_up_runs_the_example_with_real_members(
     finally:
         up.kill_tree(children)
     assert code == 0, up.output
-    assert elapsed < 30
+    # Within up's own stop budget, past which it SIGKILLs what is left (a bound the
+    # program enforces on itself, not a guess at how fast a loaded machine runs).
+    assert elapsed < STOP_BUDGET_S + 5, elapsed
     assert left == [], up.output
     assert not port_open(ports["coder"])

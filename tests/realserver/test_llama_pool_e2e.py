@@ -198,16 +198,15 @@ async def test_if_idle_skips_a_member_whose_real_slot_is_busy(
     target = router if via == "router" else member_url(config, "large")
     async with streaming(target, "large", max_tokens=LONG) as stream:
         assert await slots_busy(port_of(config, "large"))
-        began = time.monotonic()
         response = await chat(router, "either", request_id=f"ifidle-{via}")
-        elapsed = time.monotonic() - began
-        assert not stream.task.done(), "large finished before the check: not busy"
+        # Held, it would have been answered only after the stream (and small's start).
+        assert not stream.task.done(), "answered after large's stream: not skipped"
     assert response.status_code == 200, response.text
     assert response.headers["x-hotseat-backend"] == "large"
-    assert elapsed < 5, f"{elapsed:.1f}s: not skipped at once"
-    skips = await stack.wait_audit(lambda e: e["outcome"] == "busy_skip")
+    events = await stack.settled_audit()
+    skips = [e for e in events if e["outcome"] == "busy_skip"]
     assert [(e["request_id"], e["member"]) for e in skips] == [(f"ifidle-{via}", "small")]
-    swaps = [e for e in await stack.audit() if e["outcome"] == "swap_started"]
+    swaps = [e for e in events if e["outcome"] == "swap_started"]
     assert [e.get("to_member") for e in swaps] == ["large"]  # the warm-up only
     assert pid_of(data, "small") is None
     assert controller_log(stack, "process_member_killed") == []
@@ -272,8 +271,8 @@ async def test_unloading_a_member_serving_a_stream_escalates_without_hanging(
 ) -> None:
     """An admin unload of large while requests that bypassed the router run on it (a
     stream, and a plain request that makes its SIGTERM hang certain): llama-server is
-    SIGKILLed after stopGracePeriod, and the controller answers its API throughout and
-    finishes the unload."""
+    SIGKILLed after stopGracePeriod, the controller answers its API while it waits out
+    that grace, and it finishes the unload."""
     data = tmp_path / "members"
     config = llama_config(llama, data, grace="2s", pool={"default": "large"})
     stack = await started(make_stack, config)
@@ -292,24 +291,26 @@ async def test_unloading_a_member_serving_a_stream_escalates_without_hanging(
             headers=admin,
         )
         assert forced.status_code == 200, forced.text
-        slowest = 0.0
-        while True:
-            asked = time.monotonic()
+        answers: list[tuple[float, dict[str, Any]]] = []
+
+        async def unloaded() -> bool:
             state = (await client.get(f"{stack.controller_url}/v1/pools/{POOL}")).json()
-            slowest = max(slowest, time.monotonic() - asked)
-            if state["resident"] is None and state["swapping"] is None:
-                break
-            assert time.monotonic() - began < 20, state
-            await asyncio.sleep(0.05)
+            answers.append((time.time(), state))
+            return state["resident"] is None and state["swapping"] is None
+
+        await eventually(unloaded, timeout=60, interval=0.05)
         elapsed = time.monotonic() - began
         result = await stream.task
-    assert 2.0 <= elapsed < 2.0 + 6, elapsed
-    assert slowest < 1.0, f"the controller took {slowest:.2f}s to answer during the stop"
+    assert elapsed >= 2.0, "large stopped before its grace period: it did not hang"
     assert not result.finished, result
     assert not alive(pid)
     assert not port_open(port_of(config, "large"))
     [killed] = controller_log(stack, "process_member_killed")
     assert killed["member"] == "large"
+    # The controller's API answered while it waited out the grace: an answer that still
+    # shows the unload running came back before the kill.
+    during = [t for t, state in answers if state["phase"] == "unloading" and t < at(killed)]
+    assert during, answers
 
 
 async def test_controller_shutdown_stops_a_streaming_member_within_its_grace(
@@ -327,13 +328,11 @@ async def test_controller_shutdown_stops_a_streaming_member_within_its_grace(
         streaming(member_url(config, "large"), "large", max_tokens=LONG) as stream,
         hanging(member_url(config, "large"), port_of(config, "large"), "large"),
     ):
-        began = time.monotonic()
         code = await asyncio.to_thread(stack.controllers["c1"].stop, 20)
-        elapsed = time.monotonic() - began
         result = await stream.task
-    # 0, or -SIGTERM: uvicorn re-raises the signal once its shutdown is complete
+    # 0, or -SIGTERM: uvicorn re-raises the signal once its shutdown is complete; stop()
+    # SIGKILLs a process still running after 20 s, which would read -SIGKILL here.
     assert code in {0, -signal.SIGTERM}, stack.controllers["c1"].log_text()[-3000:]
-    assert elapsed < 12, elapsed
     assert not result.finished
     assert not alive(pid)
     assert not port_open(port_of(config, "large"))

@@ -9,9 +9,14 @@ import subprocess
 import httpx
 import yaml
 
-from hotseat.launcher import find_binary, free_port, start_service
+from hotseat.launcher import Managed, find_binary, free_port, start_service
+from tests.support.waiting import eventually
 
 CHAT = "/v1/chat/completions"
+
+
+async def _logged(proc: Managed, text: str, *, times: int = 1) -> bool:
+    return proc.log_text().count(text) >= times
 
 
 def write_config(tmp_path, backends, **extra):
@@ -74,10 +79,8 @@ async def test_sigterm_lets_streams_finish(upstream, nats_server, prefix, tmp_pa
             chunks = response.aiter_raw()
             assert b"from a" in await anext(chunks)
             proc.popen.send_signal(signal.SIGTERM)
-            deadline = asyncio.get_running_loop().time() + 10
-            while "Shutting down" not in proc.log_text():
-                assert asyncio.get_running_loop().time() < deadline, proc.log_text()
-                await asyncio.sleep(0.05)
+            # uvicorn's log line is the only sign that it stopped accepting.
+            await eventually(lambda: _logged(proc, "Shutting down"), timeout=30)
             try:
                 async with httpx.AsyncClient(timeout=2) as fresh:
                     await fresh.get(f"{proc.url}/healthz")
@@ -112,10 +115,7 @@ async def test_two_workers_serve(upstream, nats_server, prefix, tmp_path):
     )
     try:
         # Each worker logs once its lifespan is up; there is no other signal to await.
-        deadline = asyncio.get_running_loop().time() + 30
-        while proc.log_text().count("router_started") < 2:
-            assert asyncio.get_running_loop().time() < deadline, proc.log_text()
-            await asyncio.sleep(0.1)
+        await eventually(lambda: _logged(proc, "router_started", times=2), timeout=60)
         async with httpx.AsyncClient(timeout=10) as http:
             for _ in range(4):
                 response = await http.post(f"{proc.url}{CHAT}", json={"model": "m"})

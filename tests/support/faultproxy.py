@@ -178,7 +178,7 @@ class FaultProxy:
                 self._server.close()
             for conn in list(self._conns):
                 conn.abort()
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # one loop turn: the aborted transports close their sockets
 
         with contextlib.suppress(Exception):
             self._run(shutdown())
@@ -334,7 +334,7 @@ class FaultProxy:
         try:
             while (item := await queue.get()) is not None:
                 due, data = item
-                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                await asyncio.sleep(max(0.0, due - time.monotonic()))  # injected latency
                 await direction.flowing.wait()
                 if direction.mode is Mode.CLOSE_AFTER:
                     if budget_epoch != direction.epoch:

@@ -163,7 +163,7 @@ async def run_sim(
         if task.done():
             task.result()
             raise RuntimeError(f"sim {backend} exited during start-up")
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # uvicorn's Server offers a flag, no event, for started
     url = f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:
         handle = SimHandle(url, profile.member, http, server, task)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from hotseat.launcher import Managed, find_binary, free_port, nats_reachable, redis_reachable
-from hotseat.up import installed
+from hotseat.up import STOP_BUDGET_S, installed
 from tests.up.harness import Up, descendants, gone, run_json, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -93,7 +93,9 @@ def test_up_launches_private_infra_serves_and_stops_cleanly(tmp_path: Path, pref
     finally:
         up.kill_tree(children)
     assert code == 0, up.output
-    assert elapsed < 30
+    # Within up's own stop budget, past which it SIGKILLs what is left (a bound the
+    # program enforces on itself, not a guess at how fast a loaded machine runs).
+    assert elapsed < STOP_BUDGET_S + 5, elapsed
     assert "hotseat up: stopped" in up.output
     assert left == [], up.output
     assert not nats_reachable(parts["nats"])
@@ -126,7 +128,9 @@ def test_up_reuses_running_infra_and_leaves_it_on_sigterm(
     finally:
         up.kill_tree(children)
     assert code == 0, up.output
-    assert elapsed < 30
+    # Within up's own stop budget, past which it SIGKILLs what is left (a bound the
+    # program enforces on itself, not a guess at how fast a loaded machine runs).
+    assert elapsed < STOP_BUDGET_S + 5, elapsed
     assert left == [], up.output
     assert nats_server.alive()
     assert redis_server.alive()
