@@ -44,7 +44,7 @@ async def no_waiters(stack: FaultStack, member: str) -> bool:
     return await waiters(stack, member) == 0
 
 
-async def test_killed_router_lease_expires_within_ttl_plus_a_tick(
+async def test_killed_router_lease_is_reaped_and_the_held_swap_proceeds(
     make_stack: MakeFaultStack,
 ) -> None:
     """A router SIGKILLed mid-stream: its lease is never renewed again and is reaped at its
