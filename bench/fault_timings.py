@@ -124,20 +124,14 @@ async def store_down(infra: tuple[str, str], _workdir: Path, figures: Figures) -
         try:
             await health.guard(link.execute("PING"))
             proxy.blackhole()
-            started = time.monotonic()
-            try:
-                await health.guard(link.execute("GET", "k"))
-            except StoreDown:
-                figures["4. store blackholed: waiting command answered after (s)"].append(
-                    time.monotonic() - started
-                )
-            started = time.monotonic()
-            try:
-                await health.guard(link.execute("GET", "k"))
-            except StoreDown:
-                figures["4. store down: later command refused after (s)"].append(
-                    time.monotonic() - started
-                )
+            for figure in ("waiting command answered", "later command refused"):
+                started = time.monotonic()
+                try:
+                    await health.guard(link.execute("GET", "k"))
+                except StoreDown:
+                    figures[f"4. store blackholed: {figure} after (s)"].append(
+                        time.monotonic() - started
+                    )
         finally:
             probe.cancel()
             await link.aclose()
