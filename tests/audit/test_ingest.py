@@ -102,7 +102,9 @@ async def test_republished_event_is_stored_once(
     """The same event published twice, within the stream's de-dup window and again after
     it has passed (so JetStream keeps both copies), makes one row."""
     js = nc.jetstream()
-    service = start_audit(store_dsn, "--duplicate-window", "300ms")
+    # A window long enough that the second publish, sent right after the first, is inside
+    # it on any machine; the loop below then waits for it to pass.
+    service = start_audit(store_dsn, "--duplicate-window", "3s")
     subjects = Subjects(prefix)
     event = request_events(1)[0]
     first = (await publish_events(js, subjects, [event]))[0]
@@ -114,7 +116,7 @@ async def test_republished_event_is_stored_once(
         again = (await publish_events(js, subjects, [event]))[0]
         return not again.duplicate
 
-    await wait_until(window_passed, timeout=10, what="the de-dup window to pass", interval=0.1)
+    await wait_until(window_passed, timeout=30, what="the de-dup window to pass", interval=0.1)
     assert again.seq > first.seq, "the stream now holds a second copy of the event"
     await wait_consumed(js, stream_name(prefix), AUDIT_DURABLE, again.seq)
 

@@ -170,8 +170,9 @@ async def test_every_backend_busy_gives_503(make_stack: Make) -> None:
     stack = started(make_stack(pool_stack_config()))
     url = stack.routers[0].url
     await stack.wait_resident("judge")
-    async with streaming(url, "judge", max_tokens=40):
+    async with streaming(url, "judge", max_tokens=200) as stream:  # 10 s: busy throughout
         response = await chat(url, "coder-ifidle", **{"x-hotseat-request-id": "busy-1"})
+        assert not stream.done()
     assert response.status_code == 503, response.text
     assert int(response.headers["retry-after"]) >= 1
     assert response.json()["error"]["code"] == "pool_incumbent_busy"
@@ -189,8 +190,9 @@ async def test_busy_is_fleet_wide(make_stack: Make) -> None:
     stack = started(make_stack(pool_stack_config()))
     second = stack.start_router()
     await stack.wait_resident("judge")
-    async with streaming(stack.routers[0].url, "judge", max_tokens=40):
+    async with streaming(stack.routers[0].url, "judge", max_tokens=200) as stream:  # 10 s
         response = await chat(second.url, "either")
+        assert not stream.done()
     assert response.status_code == 200
     assert response.headers["x-hotseat-backend"] == "judge"
     assert await stack.metric(1, "hotseat_pool_busy_skips_total", {"member": "coder"}) == 1
@@ -300,11 +302,12 @@ async def test_client_leaving_while_draining_cancels_the_pending_swap(make_stack
     stack = started(make_stack(pool_stack_config()))
     url = stack.routers[0].url
     await stack.wait_resident("judge")
-    async with streaming(url, "judge", max_tokens=40) as stream:
+    async with streaming(url, "judge", max_tokens=100) as stream:  # 5 s: still draining
         held = asyncio.create_task(chat(url, "coder"))
         await eventually(lambda: _waiters(stack, "coder"))
         held.cancel()
         await stack.wait_audit(lambda e: e["outcome"] == "swap_cancelled")
+        assert not stream.done(), "the incumbent finished first: nothing was pending"
         assert await stream == "judge"
     pool = await stack.pool()
     assert pool["resident"] == "judge"

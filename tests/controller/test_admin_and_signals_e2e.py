@@ -93,9 +93,10 @@ async def test_slots_count_traffic_that_bypassed_the_router(make_stack: Make) ->
     url = stack.routers[0].url
     await stack.wait_resident("judge")
     judge_url = stack.sims["judge"].url
-    async with streaming(judge_url, "judge", max_tokens=40):
+    async with streaming(judge_url, "judge", max_tokens=200) as stream:  # 10 s
         response = await chat(url, "either")
         assert response.headers["x-hotseat-backend"] == "judge"
+        assert not stream.done()
     assert loads(await stack.ledger(), "coder") == []
     # The stream's end reaches the client a moment before the sim frees its slot.
     await stack.wait_slots_idle("judge")
@@ -113,8 +114,9 @@ async def test_admin_swap_respects_slots_busy_with_bypassing_traffic(make_stack:
     swap = f"{stack.controller_url}/v1/pools/gpu0/swap"
     auth = {"authorization": f"Bearer {stack.admin_token}"}
     async with httpx.AsyncClient(timeout=10) as client:
-        async with streaming(stack.sims["judge"].url, "judge", max_tokens=40) as stream:
+        async with streaming(stack.sims["judge"].url, "judge", max_tokens=100) as stream:  # 5 s
             refused = await client.post(swap, json={"member": "coder"}, headers=auth)
+            assert not stream.done()
             assert refused.status_code == 409, refused.text
             assert "slots" in refused.text
             assert await stream == "direct"  # ran to its end on judge, not cut
@@ -123,7 +125,9 @@ async def test_admin_swap_respects_slots_busy_with_bypassing_traffic(make_stack:
         assert accepted.status_code == 200, accepted.text
         await stack.wait_resident("coder")
         # force: the operator's way past a member whose /slots stays busy.
-        async with streaming(stack.sims["coder"].url, "coder", max_tokens=40, request_id="bypass"):
+        async with streaming(
+            stack.sims["coder"].url, "coder", max_tokens=2000, request_id="bypass"
+        ):  # 10 s: the forced unload cuts it
             unload = f"{stack.controller_url}/v1/pools/gpu0/unload"
             assert (await client.post(unload, headers=auth)).status_code == 409
             forced = await client.post(unload, json={"force": True}, headers=auth)

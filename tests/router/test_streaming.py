@@ -12,17 +12,20 @@ import pytest
 CHAT = "/v1/chat/completions"
 
 
+def one_backend(a, idle: str) -> dict:
+    return {
+        "router": {"streamIdleTimeout": idle},
+        "backends": [{"name": "a", "address": a.url, "model": "small-model"}],
+        "rules": [{"name": "all", "route": {"backends": ["a"]}}],
+    }
+
+
 @pytest.fixture
 async def one(upstream, start_router):
+    """A router in front of one upstream; its idle timeout (30 s) never fires in a test
+    that does not wait for it, however slowly a loaded machine runs the test."""
     a = await upstream("a")
-    router = await start_router(
-        {
-            "router": {"streamIdleTimeout": "500ms"},
-            "backends": [{"name": "a", "address": a.url, "model": "small-model"}],
-            "rules": [{"name": "all", "route": {"backends": ["a"]}}],
-        }
-    )
-    return router, a
+    return await start_router(one_backend(a, "30s")), a
 
 
 async def test_openai_sdk_non_streaming(one, audit):
@@ -114,9 +117,10 @@ async def test_client_disconnect_while_waiting_for_headers(one, audit):
     assert event["outcome"] == "client_disconnected"
 
 
-async def test_stream_idle_timeout_ends_sse_with_error(one, client, audit):
+async def test_stream_idle_timeout_ends_sse_with_error(upstream, start_router, client, audit):
     """An upstream silent for longer than streamIdleTimeout ends the stream with an error."""
-    router, a = one
+    a = await upstream("a")
+    router = await start_router(one_backend(a, "500ms"))
     a.mode = "stream_stall"
     async with client.stream(
         "POST", router.url + CHAT, json={"model": "m", "stream": True}
