@@ -20,6 +20,18 @@ def test_valid_event_decodes_with_its_stream_position() -> None:
     assert decoded.stream_seq == 42
 
 
+def test_an_event_holding_nul_is_a_dead_letter() -> None:
+    """A text field with NUL (which PostgreSQL cannot store) makes the event a dead letter
+    naming the field; the text "\\u0000" spelled out is an ordinary value."""
+    nul = request_events(1)[0].model_copy(update={"request_id": "a\x00b"})
+    decoded = decode(nul.to_bytes(), ORIGIN)
+    assert isinstance(decoded, DeadLetter)
+    assert decoded.reason is DeadLetterReason.INVALID_EVENT
+    assert decoded.detail.startswith("request_id: contains NUL")
+    spelled = request_events(1)[0].model_copy(update={"reason": "see \\u0000"})
+    assert isinstance(decode(spelled.to_bytes(), ORIGIN), Incoming)
+
+
 def test_missing_version_is_read_as_current() -> None:
     """An event without ``v`` is read as the current protocol version."""
     data = orjson.loads(request_events(1)[0].to_bytes())

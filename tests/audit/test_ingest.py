@@ -130,16 +130,20 @@ async def test_republished_event_is_stored_once(
 async def test_malformed_events_are_dead_lettered_without_blocking(
     nc: NatsClient, prefix: str, store_dsn: str, start_audit: AuditFactory
 ) -> None:
-    """Malformed JSON, non-objects, unknown versions and invalid events land in the
-    dead-letter store with their reason and raw payload; valid events around them are
-    stored."""
+    """Malformed JSON, non-objects, unknown versions and invalid events (one holding NUL,
+    which PostgreSQL cannot store) land in the dead-letter store with their reason and raw
+    payload; valid events around them are stored."""
     js = nc.jetstream()
     service = start_audit(store_dsn, "--batch-size", "3")
     subjects = Subjects(prefix)
     good = request_events(4)
     subject = subjects.audit("request", RequestOutcome.SERVED)
     unknown_version = orjson.dumps({**good[0].model_dump(mode="json"), "id": "v2", "v": 2})
+    # Valid JSON, a valid event, but a NUL in a text field: PostgreSQL would refuse its
+    # whole batch again and again, and nothing after it would ever be stored.
+    nul = good[0].model_copy(update={"id": "nul", "request_id": "a\x00b"}).to_bytes()
     bad = {
+        nul: DeadLetterReason.INVALID_EVENT,
         b"{not json": DeadLetterReason.MALFORMED_JSON,
         b"[1, 2, 3]": DeadLetterReason.NOT_AN_OBJECT,
         unknown_version: DeadLetterReason.UNKNOWN_VERSION,
@@ -165,7 +169,7 @@ async def test_malformed_events_are_dead_lettered_without_blocking(
         listed = (await client.get("/v1/dead-letters")).json()
         metrics = (await client.get("/metrics")).text
     assert {d["payload_text"] for d in listed["dead_letters"]} == {p.decode() for p in bad}
-    assert _metric(metrics, 'hotseat_audit_dead_letters_total{reason="invalid_event"}') == 2
+    assert _metric(metrics, 'hotseat_audit_dead_letters_total{reason="invalid_event"}') == 3
     assert _metric(metrics, 'hotseat_audit_dead_letters_total{reason="malformed_json"}') == 1
 
 

@@ -63,16 +63,31 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)[:MAX_DETAIL]
 
 
+def _with_nul(event: AuditEvent) -> str | None:
+    """The first text field holding NUL: no store keeps it (PostgreSQL text refuses it, and
+    the whole batch with it, again and again), so such an event is a dead letter."""
+    for name, value in event:
+        if isinstance(value, str) and "\x00" in value:
+            return name
+    return None
+
+
 def decode(payload: bytes, origin: Origin) -> Incoming | DeadLetter:
     """Parse ``payload`` as an :class:`AuditEvent` or explain why it is not one."""
 
-    try:  # the common case, in one pass
-        return Incoming(event=AuditEvent.model_validate_json(payload), stream_seq=origin.stream_seq)
-    except ValidationError:
-        pass  # find out why, step by step
-
     def dead(reason: DeadLetterReason, detail: str) -> DeadLetter:
         return DeadLetter(origin=origin, payload=payload, reason=reason, detail=detail[:MAX_DETAIL])
+
+    def checked(event: AuditEvent) -> Incoming | DeadLetter:
+        field = _with_nul(event) if b"\\u0000" in payload else None  # JSON spells NUL so
+        if field is not None:
+            return dead(DeadLetterReason.INVALID_EVENT, f"{field}: contains NUL (\\u0000)")
+        return Incoming(event=event, stream_seq=origin.stream_seq)
+
+    try:  # the common case, in one pass
+        return checked(AuditEvent.model_validate_json(payload))
+    except ValidationError:
+        pass  # find out why, step by step
 
     try:
         data = orjson.loads(payload)
@@ -92,4 +107,4 @@ def decode(payload: bytes, origin: Origin) -> Incoming | DeadLetter:
         event = AuditEvent.model_validate(data)
     except ValidationError as exc:
         return dead(DeadLetterReason.INVALID_EVENT, _describe(exc))
-    return Incoming(event=event, stream_seq=origin.stream_seq)
+    return checked(event)
