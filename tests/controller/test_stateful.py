@@ -1,17 +1,34 @@
 """Property test of the controller's transitions through the real Redis store.
 
-A hypothesis state machine drives acquires (Wait and IfIdle), re-asks, releases, cancels,
-lease expiries, supervisor ticks, swap steps, swap failures and controller deaths in any
-order, against a simulated GPU that refuses commands of an older epoch (like the sim
-backend). Invariants: never two members loaded, idle state agrees with the GPU, grants
-only for the resident, and at the end every waiting request is answered.
+A hypothesis state machine drives acquires (Wait and IfIdle, client request ids that
+collide on purpose), re-asks, renewals, releases, cancels, lease expiries, supervisor
+ticks, swap steps, swap failures, admin swaps and unloads, and the faults a fleet meets:
+controller deaths, swap owners frozen and thawed after a takeover, the store flushed
+(Redis restarted empty) and relearning, residents that stall or die while they serve.
+It runs against a simulated GPU that refuses commands of an older epoch, as every
+driver's backend fence does (docs/drivers.md).
+
+Invariants:
+
+- never two members loaded;
+- **never unload a member with a live lease** (a lease a router holds and keeps
+  renewing), whatever the faults;
+- every grant is for the member the GPU holds (loaded, not crashed) and that the store
+  calls resident and healthy; and a member the store calls resident while idle is the
+  one the GPU holds (both ways);
+- a renewal of a lease a router holds is refused only after its member was confirmed
+  gone (revoked);
+- the live leases the store counts are the routers' (once relearned);
+- the waiters never exceed the cap;
+- at the end every waiting request is answered: granted, skipped (IfIdle), or refused
+  with an error the contract allows for what happened (a failed swap, a full queue).
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 
 import pytest
 import redis.asyncio as aioredis
@@ -34,15 +51,22 @@ from hotseat_pool_controller.state import (
     PoolSnapshot,
     SwapOrder,
     decide_acquire,
+    decide_admin_swap,
+    decide_admin_unload,
     decide_begin_load,
     decide_commit,
     decide_fail,
     decide_rebuild,
+    decide_resident_health,
+    decide_resident_lost,
     decide_tick,
+    next_epoch,
 )
-from hotseat_pool_controller.store import PoolStore
+from hotseat_pool_controller.store import PoolStore, Renewal
 
 MEMBERS = ("a", "b", "c")
+CLIENT_IDS = ("client-1", "client-2")
+"""Client request ids: few, so requests share them (they must never share a lease)."""
 POLICY = PoolPolicy(
     name="gpu",
     members=MEMBERS,
@@ -52,18 +76,27 @@ POLICY = PoolPolicy(
     failure_backoff_ms=3_600_000,
     busy_signal=BusySignal.LEASES,
     default="a",
-    # Wall-clock effects are made explicit rules (controller_dies), never left to timing:
+    # Wall-clock effects are made explicit rules (controller_dies, relearn_window_ends),
+    # never left to timing:
     heartbeat_ttl_ms=3_600_000,
     waiter_grace_ms=3_600_000,
 )
+RELEARN_MS = 3_600_000
+ALLOWED_ERRORS = frozenset({"swap_failed", "pool_queue_full"})
+"""Error answers the contract allows a waiting request: its swap failed, or the queue
+was full when it asked again."""
 
 
 class SimGpu:
-    """One GPU: at most what is loaded; commands of an older epoch are refused."""
+    """One GPU: at most what is loaded; commands of an older epoch are refused (the
+    backend fence); a member may stall (alive, not answering) or crash (gone)."""
 
     def __init__(self) -> None:
         self.loaded: set[str] = set()
+        self.stalled: set[str] = set()
         self.highest_epoch = 0
+        self.serving: set[str] = set()
+        """Members with a lease some router holds: set by the machine before a command."""
 
     def accept(self, epoch: int) -> bool:
         if epoch < self.highest_epoch:
@@ -74,7 +107,10 @@ class SimGpu:
     def unload_others(self, target: str, epoch: int) -> bool:
         if not self.accept(epoch):
             return False
+        going = self.loaded - {target}
+        assert not going & self.serving, f"unloaded {going & self.serving} while it served"
         self.loaded &= {target}
+        self.stalled &= self.loaded
         return True
 
     def load(self, target: str, epoch: int) -> bool:
@@ -84,12 +120,43 @@ class SimGpu:
         self.loaded.add(target)
         return True
 
+    def crash(self, member: str) -> None:
+        """Out of band: the member's process dies (nothing the controller did)."""
+        self.loaded.discard(member)
+        self.stalled.discard(member)
+
+    def ready(self, member: str) -> bool:
+        return member in self.loaded and member not in self.stalled
+
 
 @dataclass
 class Swap:
     order: SwapOrder
     owner: str
     stage: int = 0  # 0 unload others, 1 begin load, 2 load, 3 commit
+    frozen: bool = False
+
+
+@dataclass
+class Held:
+    """A lease a router holds (it keeps renewing it while its stream runs)."""
+
+    member: str
+    attempt: str
+    client: str
+    epoch: int
+    forgotten: bool = False
+    """The store lost it (flushed) and no renewal has written it back yet."""
+
+
+@dataclass
+class Waiting:
+    member: str
+    mode: PoolActivation
+    attempt: str
+    client: str
+    may_fail: set[str] = field(default_factory=set)
+    """Error codes the contract allows this request (besides a full queue)."""
 
 
 class ControllerMachine(RuleBasedStateMachine):
@@ -102,11 +169,15 @@ class ControllerMachine(RuleBasedStateMachine):
         self.link = RedisLink(RedisSettings(redis_url=self.redis_url))
         self.store = PoolStore(self.link, Keys("p" + uuid.uuid4().hex[:10]), POLICY)
         self.gpu = SimGpu()
-        self.leases: dict[str, tuple[str, str]] = {}  # lease id -> (member, request id)
-        self.waiting: dict[str, tuple[str, PoolActivation]] = {}  # request id -> (member, mode)
+        self.leases: dict[str, Held] = {}
+        self.waiting: dict[str, Waiting] = {}  # attempt -> waiter
         self.swaps: list[Swap] = []
-        self.controllers = ["c1", "c2"]
         self.n = 0
+        self.revoked: set[str] = set()
+        self.zombies: set[str] = set()
+        """Members taken for lost while still on the GPU (until a swap unloads them)."""
+        self.failed: set[str] = set()
+        """Members whose swap failed (their backoff outlasts any run)."""
 
     def run(self, coro):  # type: ignore[no-untyped-def]
         return self.loop.run_until_complete(coro)
@@ -117,11 +188,11 @@ class ControllerMachine(RuleBasedStateMachine):
         self.run(self.link.aclose())
         self.loop.close()
 
-    def snapshot(self, request_id: str = "") -> PoolSnapshot:
-        return self.run(self.store.snapshot(request_id))
+    def snapshot(self, attempt: str = "") -> PoolSnapshot:
+        return self.run(self.store.snapshot(attempt))
 
-    def decide(self, decide, request_id: str = "") -> Decision:  # type: ignore[no-untyped-def]
-        decision, _ = self.run(self.store.decide(decide, request_id))
+    def decide(self, decide, attempt: str = "") -> Decision:  # type: ignore[no-untyped-def]
+        decision, _ = self.run(self.store.decide(decide, attempt))
         if decision.swap is not None:
             self.swaps.append(Swap(decision.swap, owner=self.owner_of(decision)))
         return decision
@@ -130,91 +201,176 @@ class ControllerMachine(RuleBasedStateMachine):
         fields = next((op.fields for op in decision.ops if hasattr(op, "fields")), {})
         return str(fields.get("owner", "c1"))
 
+    def serving(self) -> set[str]:
+        return {held.member for held in self.leases.values()}
+
     @initialize()
     def start(self) -> None:
-        self.decide(lambda s: decide_rebuild(s, ()))
+        self.rebuild()
 
-    def _ask(self, member: str, mode: PoolActivation, request_id: str, controller: str) -> None:
+    def rebuild(self) -> None:
+        """What PoolRuntime.rebuild does: fence the GPU at the new epoch, then take the
+        lone member on it as the resident (unhealthy if it does not answer)."""
+        snap = self.snapshot()
+        if snap.phase != Phase.UNKNOWN:
+            return
+        self.gpu.accept(next_epoch(snap))
+        on_gpu = tuple(sorted(self.gpu.loaded))
+        unhealthy = len(on_gpu) == 1 and not self.gpu.ready(on_gpu[0])
+        self.decide(lambda s: decide_rebuild(s, on_gpu, unhealthy=unhealthy, relearn_ms=RELEARN_MS))
+
+    def still_owner(self, swap: Swap) -> bool:
+        """The runner reads ownership right before each driver command; a swap whose owner
+        was frozen after that read (and thaws now) goes ahead on its stale claim."""
+        if swap.frozen:
+            return True
+        snap = self.snapshot()
+        return snap.epoch == swap.order.epoch and snap.owner == swap.owner
+
+    # --- requests -----------------------------------------------------------------------
+
+    def _ask(self, waiter: Waiting, controller: str) -> None:
         self.n += 1
         lease_id = f"L{self.n}"
 
         def decide(s: PoolSnapshot) -> Decision:
-            ask = AcquireAsk(member, mode, request_id, "client", "r", s.now_ms + 600_000, lease_id)
+            ask = AcquireAsk(
+                waiter.member,
+                waiter.mode,
+                waiter.attempt,
+                waiter.client,
+                "r",
+                s.now_ms + 600_000,
+                lease_id,
+            )
             return decide_acquire(s, ask, POLICY, controller, slots_busy=None)
 
-        decision = self.decide(decide, request_id)
+        decision = self.decide(decide, waiter.attempt)
         reply = decision.reply
         after = self.snapshot()
         if isinstance(reply, Granted):
-            assert after.resident == member, "granted a member that is not resident"
+            assert after.resident == waiter.member, "granted a member that is not resident"
             assert after.phase in {Phase.IDLE, Phase.DRAINING}
-            self.leases[reply.lease_id] = (member, request_id)
-            self.waiting.pop(request_id, None)
+            assert not after.unhealthy, "granted a member that fails its health checks"
+            assert self.gpu.ready(waiter.member), f"granted {waiter.member}, GPU: {self.gpu.loaded}"
+            known = self.leases.get(reply.lease_id)
+            assert known is None or known.attempt == waiter.attempt, "an attempt got another's"
+            self.leases[reply.lease_id] = Held(
+                waiter.member, waiter.attempt, waiter.client, reply.epoch
+            )
+            self.waiting.pop(waiter.attempt, None)
         elif isinstance(reply, WaitReply):
-            self.waiting[request_id] = (member, mode)
+            self.waiting[waiter.attempt] = waiter
+        elif isinstance(reply, IncumbentBusyReply):
+            assert waiter.mode == PoolActivation.IF_IDLE, "a Wait request was skipped"
+            self.waiting.pop(waiter.attempt, None)
         else:
-            assert isinstance(reply, IncumbentBusyReply | ErrorReply)
-            if isinstance(reply, IncumbentBusyReply):
-                assert mode == PoolActivation.IF_IDLE
-            self.waiting.pop(request_id, None)
+            assert isinstance(reply, ErrorReply), reply
+            allowed = waiter.may_fail | {"pool_queue_full"}
+            if waiter.member in self.failed:  # its swap failed: backoff (1 h here)
+                allowed.add("swap_failed")
+            assert reply.code in allowed, reply
+            self.waiting.pop(waiter.attempt, None)
 
     @rule(
         member=st.sampled_from(MEMBERS),
         mode=st.sampled_from(list(PoolActivation)),
         controller=st.sampled_from(["c1", "c2"]),
+        client=st.sampled_from(CLIENT_IDS),
     )
-    def acquire(self, member: str, mode: PoolActivation, controller: str) -> None:
+    def acquire(self, member: str, mode: PoolActivation, controller: str, client: str) -> None:
         self.n += 1
-        self._ask(member, mode, f"q{self.n}", controller)
+        self._ask(Waiting(member, mode, f"q{self.n}", client), controller)
 
     @precondition(lambda self: self.waiting)
     @rule(data=st.data())
     def reask(self, data: st.DataObject) -> None:
-        request_id = data.draw(st.sampled_from(sorted(self.waiting)))
-        member, mode = self.waiting[request_id]
-        self._ask(member, mode, request_id, "c1")
+        attempt = data.draw(st.sampled_from(sorted(self.waiting)))
+        self._ask(self.waiting[attempt], "c1")
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data())
+    def renew(self, data: st.DataObject) -> None:
+        self.renew_lease(data.draw(st.sampled_from(sorted(self.leases))))
+
+    def renew_lease(self, lease_id: str) -> None:
+        """A router renews a lease it holds: never refused unless its member was revoked."""
+        held = self.leases[lease_id]
+        renewed = self.run(
+            self.store.renew(
+                held.member,
+                lease_id,
+                epoch=held.epoch,
+                attempt=held.attempt,
+                request_id=held.client,
+                router="r",
+            )
+        )
+        if renewed.outcome is Renewal.RENEWED:
+            held.forgotten = False
+        elif renewed.outcome is Renewal.GONE:
+            assert held.member in self.revoked, f"renewal of {lease_id} refused: {held}"
+            del self.leases[lease_id]  # the router ends the stream with an error
 
     @precondition(lambda self: self.leases)
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         lease_id = data.draw(st.sampled_from(sorted(self.leases)))
-        member, _ = self.leases.pop(lease_id)
-        assert self.run(self.store.release(member, lease_id)).removed
+        held = self.leases.pop(lease_id)
+        released = self.run(self.store.release(held.member, lease_id))
+        assert released.removed or held.forgotten or held.member in self.revoked
 
     @precondition(lambda self: self.leases)
     @rule(data=st.data())
     def expire(self, data: st.DataObject) -> None:
         """A router died: its lease stops being renewed and is reaped."""
         lease_id = data.draw(st.sampled_from(sorted(self.leases)))
-        member, _ = self.leases.pop(lease_id)
-        key = self.store.keys.pool_leases(POLICY.name, member)
-        self.run(self.redis.zadd(key, {lease_id: 1}, xx=True))
+        held = self.leases.pop(lease_id)
+        key = self.store.keys.pool_leases(POLICY.name, held.member)
+        present = self.run(self.redis.zadd(key, {lease_id: 1}, xx=True, ch=True))
         reaped = self.run(self.store.reap())
-        assert lease_id in {lease.lease_id for lease in reaped}
+        if not held.forgotten and held.member not in self.revoked:
+            assert lease_id in {lease.lease_id for lease in reaped}, (present, reaped)
 
     @precondition(lambda self: self.waiting)
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
-        request_id = data.draw(st.sampled_from(sorted(self.waiting)))
-        member, _ = self.waiting.pop(request_id)
-        self.run(self.store.cancel(member, request_id))
+        attempt = data.draw(st.sampled_from(sorted(self.waiting)))
+        waiter = self.waiting.pop(attempt)
+        self.run(self.store.cancel(waiter.member, attempt))
+
+    # --- supervision and swaps ---------------------------------------------------------
 
     @rule(controller=st.sampled_from(["c1", "c2"]))
     def tick(self, controller: str) -> None:
+        if self.snapshot().phase == Phase.UNKNOWN:
+            self.rebuild()
+            return
         self.decide(lambda s: decide_tick(s, POLICY, controller))
 
     @precondition(lambda self: self.swaps)
     @rule(data=st.data())
     def step_swap(self, data: st.DataObject) -> None:
         swap = data.draw(st.sampled_from(self.swaps))
+        self.step(swap)
+
+    def step(self, swap: Swap) -> None:  # noqa: PLR0911 - one return per way a step ends
+        """One step of the swap runner (a frozen owner thaws and takes its next step)."""
         epoch, target = swap.order.epoch, swap.order.target
+        self.gpu.serving = self.serving()
+        owner = self.still_owner(swap)
+        swap.frozen = False
+        if swap.stage in {0, 2} and not owner:
+            self.swaps.remove(swap)
+            return
         if swap.stage == 0:
             if not self.gpu.unload_others(target, epoch):
                 self.swaps.remove(swap)
                 return
         elif swap.stage == 1:
             snap = self.snapshot()
-            if target and not snap.forced and snap.live_waiters(target) == 0:
+            unwanted = target and not snap.forced and snap.live_waiters(target) == 0
+            if snap.phase != Phase.LOADING and unwanted:
                 # No demand: the runner unloads a possibly half-loaded target first.
                 if snap.epoch != epoch or snap.owner != swap.owner:
                     self.swaps.remove(swap)
@@ -250,20 +406,104 @@ class ControllerMachine(RuleBasedStateMachine):
         swap = data.draw(st.sampled_from(self.swaps))
         self.swaps.remove(swap)
         snap = self.snapshot()
-        if snap.epoch == swap.order.epoch and snap.owner == swap.owner and swap.order.target:
+        if snap.epoch != swap.order.epoch or snap.owner != swap.owner:
+            return
+        if swap.order.target:
+            self.gpu.serving = self.serving()
             self.gpu.unload_others("", swap.order.epoch)
-        self.decide(
+        decision = self.decide(
             lambda s: decide_fail(s, POLICY, swap.order.epoch, swap.owner, "boom") or NOTHING
         )
+        if decision.audit and swap.order.target:
+            self.failed.add(swap.order.target)
 
     @precondition(lambda self: self.swaps)
-    @rule(data=st.data())
-    def controller_dies(self, data: st.DataObject) -> None:
-        """The owner vanishes mid-swap; its heartbeat is made to lapse."""
+    @rule(data=st.data(), frozen=st.booleans())
+    def controller_dies(self, data: st.DataObject, frozen: bool) -> None:
+        """The owner vanishes mid-swap (its heartbeat made to lapse); a frozen one comes
+        back later and takes its next step on its old epoch (fenced by the GPU)."""
         swap = data.draw(st.sampled_from(self.swaps))
-        self.swaps = [s for s in self.swaps if s.owner != swap.owner]
+        owned = [s for s in self.swaps if s.owner == swap.owner]
+        if frozen:
+            for other in owned:
+                other.frozen = True
+        else:
+            self.swaps = [s for s in self.swaps if s.owner != swap.owner]
         state = self.store.keys.pool_state(POLICY.name)
         self.run(self.redis.hset(state, "heartbeat", "1"))
+
+    @rule(member=st.sampled_from(MEMBERS), controller=st.sampled_from(["c1", "c2"]))
+    def admin_swap(self, member: str, controller: str) -> None:
+        decision = self.decide(lambda s: decide_admin_swap(s, member, controller, POLICY))
+        if isinstance(decision.reply, ErrorReply) and decision.reply.code == "incumbent_busy":
+            assert self.snapshot().serving(self.snapshot().resident)
+
+    @rule(controller=st.sampled_from(["c1", "c2"]))
+    def admin_unload(self, controller: str) -> None:
+        self.decide(lambda s: decide_admin_unload(s, controller, POLICY))
+
+    # --- faults ---------------------------------------------------------------------
+
+    @rule()
+    def redis_flushed(self) -> None:
+        """Redis restarts empty: every key of the pool is gone (leases, waiters, state)."""
+        self.run(self.store.reset())
+        for held in self.leases.values():
+            held.forgotten = True
+
+    @precondition(lambda self: self.snapshot().relearning)
+    @rule()
+    def relearn_window_ends(self) -> None:
+        """A lease TTL passes: a lease whose router did not renew it in the window ran out
+        of proof at its router (the stream ended with an error, nothing was cut)."""
+        for lease_id, held in list(self.leases.items()):
+            if held.forgotten:
+                del self.leases[lease_id]
+        state = self.store.keys.pool_state(POLICY.name)
+        self.run(self.redis.hset(state, "relearn", "1"))
+
+    @rule(crash=st.booleans())
+    def resident_stops_answering(self, crash: bool) -> None:
+        """The resident stalls (alive, silent) or crashes (gone); then a health check."""
+        snap = self.snapshot()
+        if snap.resident is None or snap.phase not in {Phase.IDLE, Phase.DRAINING}:
+            return
+        if snap.resident not in self.gpu.loaded:
+            return
+        if crash:
+            self.gpu.crash(snap.resident)
+        else:
+            self.gpu.stalled.add(snap.resident)
+        self.health_check()
+
+    @rule()
+    def resident_answers_again(self) -> None:
+        self.gpu.stalled.clear()
+        self.health_check()
+
+    def health_check(self) -> None:
+        """What PoolRuntime.check_resident decides after its threshold of failures."""
+        snap = self.snapshot()
+        resident = snap.resident
+        if resident is None or snap.phase not in {Phase.IDLE, Phase.DRAINING}:
+            return
+        if self.gpu.ready(resident):
+            self.decide(lambda s: decide_resident_health(s, resident, healthy=True))
+            return
+        if not snap.serving(resident):
+            lost = self.decide(lambda s: decide_resident_lost(s, resident, "health"))
+            if lost.audit and resident in self.gpu.loaded:
+                self.zombies.add(resident)
+            return
+        if resident not in self.gpu.loaded:  # the driver confirms it gone
+            decision = self.decide(lambda s: decide_resident_lost(s, resident, "gone", revoke=True))
+            if decision.audit:
+                self.revoked.add(resident)
+                self.leases = {k: v for k, v in self.leases.items() if v.member != resident}
+            return
+        self.decide(lambda s: decide_resident_health(s, resident, healthy=False))
+
+    # --- invariants -------------------------------------------------------------------
 
     @invariant()
     def never_two_residents(self) -> None:
@@ -274,38 +514,51 @@ class ControllerMachine(RuleBasedStateMachine):
         snap = self.snapshot()
         if snap.phase in {Phase.IDLE, Phase.DRAINING} and not self.swaps:
             expected = {snap.resident} if snap.resident else set()
-            assert self.gpu.loaded <= expected | set(), (snap, self.gpu.loaded)
+            # A member taken for lost while alive still holds the GPU until the next swap
+            # unloads it (and no load happens beside it: SimGpu.load checks that).
+            self.zombies &= self.gpu.loaded
+            assert self.gpu.loaded <= expected | self.zombies, (snap, self.gpu.loaded)
+            if snap.resident is not None and not snap.unhealthy:
+                assert snap.resident in self.gpu.loaded or not self.serving(), (
+                    "a serving resident the GPU does not hold"
+                )
         assert all(v >= 0 for v in snap.leases.values())
-        assert all(v >= 0 for v in snap.waiters.values())
+
+    @invariant()
+    def the_store_counts_the_routers_leases(self) -> None:
+        snap = self.snapshot()
+        if snap.phase == Phase.UNKNOWN:
+            return
+        for member in MEMBERS:
+            held = sum(1 for h in self.leases.values() if h.member == member and not h.forgotten)
+            assert snap.live_leases(member) == held, (member, snap.leases, self.leases)
+
+    @invariant()
+    def waiters_never_exceed_the_cap(self) -> None:
+        assert self.snapshot().total_waiters <= POLICY.max_waiters
 
     def quiesce(self) -> None:
-        """Release everything and let the pool settle: every waiter must then be answered."""
-        for lease_id, (member, _) in list(self.leases.items()):
-            self.run(self.store.release(member, lease_id))
+        """Thaw, answer the GPU, release everything and let the pool settle: every waiter
+        must then be answered."""
+        self.gpu.stalled.clear()
+        self.health_check()
+        for lease_id, held in list(self.leases.items()):
+            self.run(self.store.release(held.member, lease_id))
         self.leases.clear()
         for _ in range(200):
+            if self.snapshot().relearning:
+                self.relearn_window_ends()
             if not self.waiting:
                 return
             self.tick("c1")
             while self.swaps:
-                self.step_swap_first()
-            for request_id, (member, mode) in list(self.waiting.items()):
-                self._ask(member, mode, request_id, "c1")
-            for lease_id, (member, _) in list(self.leases.items()):
-                self.run(self.store.release(member, lease_id))
+                self.step(self.swaps[0])
+            for waiter in list(self.waiting.values()):
+                self._ask(waiter, "c1")
+            for lease_id, held in list(self.leases.items()):
+                self.run(self.store.release(held.member, lease_id))
             self.leases.clear()
         raise AssertionError(f"waiters never answered: {self.waiting} {self.snapshot()}")
-
-    def step_swap_first(self) -> None:
-        swap = self.swaps[0]
-        self.step_swap_with(swap)
-
-    def step_swap_with(self, swap: Swap) -> None:
-        class _Data:
-            def draw(self, _strategy: object) -> Swap:
-                return swap
-
-        self.step_swap(_Data())  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -334,14 +587,103 @@ def run_to_quiescence(machine: type[ControllerMachine], *, examples: int, steps:
 
 
 def test_controller_transitions_keep_the_contract(machine: type[ControllerMachine]) -> None:
-    """Random interleavings never load two members, never grant a non-resident, answer all."""
-    run_to_quiescence(machine, examples=60, steps=40)
+    """Random interleavings, faults included, never load two members, never unload one a
+    router still holds a lease on, grant only the member the GPU holds, answer all."""
+    run_to_quiescence(machine, examples=80, steps=40)
 
 
-def test_machine_detects_two_residents() -> None:
-    """The simulated GPU's check can fail: a load beside another member trips it."""
+def test_machine_detects_two_residents_and_a_cut() -> None:
+    """The simulated GPU's checks can fail: a load beside another member trips one, an
+    unload of a member that a router still holds a lease on trips the other."""
     gpu = SimGpu()
     gpu.load("a", 1)
     with pytest.raises(AssertionError):
         gpu.load("b", 2)
-    assert replace(POLICY, max_waiters=1).max_waiters == 1
+    gpu.serving = {"a"}
+    with pytest.raises(AssertionError, match="while it served"):
+        gpu.unload_others("b", 3)
+
+
+def _checked(machine: ControllerMachine) -> None:
+    for check in (
+        machine.never_two_residents,
+        machine.idle_state_matches_the_gpu,
+        machine.the_store_counts_the_routers_leases,
+        machine.waiters_never_exceed_the_cap,
+    ):
+        check()
+
+
+def _settle_swaps(machine: ControllerMachine) -> None:
+    while machine.swaps:
+        machine.step(machine.swaps[0])
+        _checked(machine)
+
+
+def test_known_fault_sequences_keep_the_contract(machine: type[ControllerMachine]) -> None:
+    """The fault paths random search reaches only now and then, spelled out: the store
+    flushed under a lease, then demand for another member (the resident must stay busy
+    until the lease is renewed back); a resident stalled under a lease when the store is
+    flushed (it must be rebuilt as the unhealthy resident, not taken for gone); a swap
+    owner frozen past its heartbeat that thaws after another replica finished its swap
+    (its stale command must be refused)."""
+    wait = PoolActivation.WAIT
+    m = machine()
+    try:
+        m.start()
+        m.tick("c1")
+        _settle_swaps(m)
+        m.acquire("a", wait, "c1", "client-1")  # a stream on a
+        m.redis_flushed()
+        m.tick("c1")  # rebuilt: a resident, relearning
+        m.acquire("b", wait, "c2", "client-2")
+        m.tick("c1")
+        _settle_swaps(m)  # no swap may unload a while its lease is live
+        for lease_id in sorted(m.leases):
+            m.renew_lease(lease_id)
+        m.quiesce()
+    finally:
+        m.teardown()
+    m = machine()
+    try:
+        m.start()
+        m.tick("c1")
+        _settle_swaps(m)
+        m.acquire("a", wait, "c1", "client-1")
+        m.gpu.stalled.add("a")
+        m.redis_flushed()
+        m.tick("c2")
+        assert m.snapshot().unhealthy, "a stalled member rebuilt as healthy"
+        m.acquire("b", wait, "c2", "client-2")
+        m.tick("c1")
+        _settle_swaps(m)
+        _checked(m)
+        m.quiesce()
+    finally:
+        m.teardown()
+    m = machine()
+    try:
+        m.start()
+        m.tick("c1")
+        _settle_swaps(m)
+        m.acquire("b", wait, "c1", "client-1")
+        m.tick("c1")
+        stale = m.swaps[0]
+        stale.frozen = True
+        m.run(m.redis.hset(m.store.keys.pool_state(POLICY.name), "heartbeat", "1"))
+        m.tick("c2")  # takes the swap over under a newer epoch
+        _settle_swaps_but(m, stale)
+        m.acquire("a", wait, "c2", "client-2")
+        m.tick("c2")
+        _settle_swaps_but(m, stale)
+        m.step(stale)  # thaws: its command on the old epoch must change nothing
+        _checked(m)
+        m.quiesce()
+    finally:
+        m.teardown()
+
+
+def _settle_swaps_but(machine: ControllerMachine, frozen: Swap) -> None:
+    while [s for s in machine.swaps if s is not frozen]:
+        machine.step(next(s for s in machine.swaps if s is not frozen))
+        _checked(machine)

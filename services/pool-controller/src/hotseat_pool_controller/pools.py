@@ -40,6 +40,7 @@ from hotseat_pool_controller.state import (
     decide_resident_health,
     decide_resident_lost,
     decide_tick,
+    next_epoch,
 )
 from hotseat_pool_controller.store import ConflictError, PoolStore, Renewed
 from hotseat_pool_controller.swap import SwapRunner
@@ -73,7 +74,6 @@ class PoolRuntime:
         self.swaps: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
         self._health_failures = 0
-        self._rebuild_waiting_since: float | None = None
         self._runner = SwapRunner(store, driver, policy, controller, self._after_step)
 
     @property
@@ -249,29 +249,24 @@ class PoolRuntime:
     async def rebuild(self) -> None:
         """The state is gone (Redis restarted empty) or was written on another server (a
         restart with persistence, a failover): re-derive residency from the driver, and
-        relearn who is busy (docs/adr/0005). A member still loading is waited for: the load
-        that started finishes, and a rebuild in its middle would take it for nothing."""
-        loaded = await self.driver.residency()
-        ready: tuple[str, ...] = ()
-        for member, is_loaded in loaded.items():
-            if is_loaded and await self.driver.is_ready(member):
-                ready = (*ready, member)
-        loading = [m for m, is_loaded in loaded.items() if is_loaded and m not in ready]
-        if loading and len(ready) <= 1 and not self._rebuild_waited_long_enough():
-            log.info("pool_rebuild_waits_for_load", pool=self.name, loading=loading)
+        relearn who is busy (docs/adr/0005). A lone member on the GPU is the resident even
+        when it does not answer yet (still loading, or stalled under its streams): marked
+        unhealthy, it is never taken for gone and unloaded on that alone. The drivers are
+        fenced at the new epoch first, so a swap owner that lost the pool with its state
+        cannot act on its old claim."""
+        snap = await self.store.snapshot()
+        if snap.phase != Phase.UNKNOWN:
             return
-        self._rebuild_waiting_since = None
-        resident = ready if len(ready) == 1 and not loading else ()
-        log.warning("pool_state_rebuilt", pool=self.name, loaded=loaded, resident=resident)
+        await self.driver.fence(next_epoch(snap))
+        loaded = await self.driver.residency()
+        on_gpu = tuple(m for m, is_loaded in loaded.items() if is_loaded)
+        unhealthy = len(on_gpu) == 1 and not await self.driver.is_ready(on_gpu[0])
+        log.warning("pool_state_rebuilt", pool=self.name, loaded=loaded, unhealthy=unhealthy)
         self.announcer.metrics.store_relearns.labels(self.name).inc()
         relearn_ms = self.policy.lease_ttl_ms + RELEARN_MARGIN_MS
-        await self._decide(lambda s, _busy: decide_rebuild(s, resident, relearn_ms=relearn_ms))
-
-    def _rebuild_waited_long_enough(self) -> bool:
-        now = time.monotonic()
-        if self._rebuild_waiting_since is None:
-            self._rebuild_waiting_since = now
-        return now - self._rebuild_waiting_since >= self.policy.swap_timeout_ms / 1000
+        await self._decide(
+            lambda s, _busy: decide_rebuild(s, on_gpu, unhealthy=unhealthy, relearn_ms=relearn_ms)
+        )
 
     async def check_resident(self, threshold: int = HEALTH_FAILURES_BEFORE_LOST) -> None:
         """Health-check the resident. One that fails ``threshold`` checks in a row is lost,

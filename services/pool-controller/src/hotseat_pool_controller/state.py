@@ -858,14 +858,21 @@ def decide_resident_health(snap: PoolSnapshot, member: str, *, healthy: bool) ->
     )
 
 
-def decide_rebuild(snap: PoolSnapshot, ready: tuple[str, ...], *, relearn_ms: int = 0) -> Decision:
+def decide_rebuild(
+    snap: PoolSnapshot,
+    on_gpu: tuple[str, ...],
+    *,
+    unhealthy: bool = False,
+    relearn_ms: int = 0,
+) -> Decision:
     """State was lost (missing, or written on another Redis server): take residency from
-    what the drivers report as running, and count the resident busy for ``relearn_ms``
-    while routers renew the leases the store forgot. (The store records which server the
-    new state is written on.)"""
+    what the drivers report as running (``on_gpu``; a lone member is the resident, marked
+    ``unhealthy`` when it does not answer yet: still loading, or stalled under streams),
+    and count the resident busy for ``relearn_ms`` while routers renew the leases the
+    store forgot. (The store records which server the new state is written on.)"""
     if snap.phase != Phase.UNKNOWN:
         return NOTHING
-    resident = ready[0] if len(ready) == 1 else ""
+    resident = on_gpu[0] if len(on_gpu) == 1 else ""
     return Decision(
         ops=(
             SetState(
@@ -877,7 +884,7 @@ def decide_rebuild(snap: PoolSnapshot, ready: tuple[str, ...], *, relearn_ms: in
                     "owner": "",
                     "forced": "",
                     "parked": "",
-                    "unhealthy": "",
+                    "unhealthy": "1" if resident and unhealthy else "",
                     "relearn": str(snap.now_ms + relearn_ms) if resident else "",
                     "epoch": str(next_epoch(snap)),
                 }
@@ -940,6 +947,14 @@ def _admin_refusal(
             reply=ErrorReply(
                 code="incumbent_busy",
                 message=f"{snap.resident} holds {snap.live_leases(snap.resident)} live lease(s)",
+            )
+        )
+    if snap.serving(snap.resident):
+        return Decision(
+            reply=ErrorReply(
+                code="incumbent_busy",
+                message=f"{snap.resident} may still serve: the store lost its leases and is "
+                "relearning them (one lease TTL after the rebuild)",
             )
         )
     if _needs_slots(snap, policy, slots_busy):

@@ -79,6 +79,19 @@ async def unload(request: Request, sim: Sim) -> Response:
         return _stale(sim, exc)
 
 
+@router.post("/fence", response_model=None)
+async def fence(request: Request, sim: Sim) -> Response:
+    """Record an epoch without acting: later commands of an older epoch are refused."""
+    try:
+        command = await _command(request)
+    except BadRequest as exc:
+        return invalid_request(str(exc))
+    try:
+        return _answer(await sim.model.fence(command.get("epoch")))
+    except StaleEpoch as exc:
+        return _stale(sim, exc)
+
+
 MAX_WAIT_S = 30.0
 
 

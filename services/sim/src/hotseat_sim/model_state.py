@@ -262,6 +262,13 @@ class ModelState:
             self._transition = None
             log.info("sim_unloaded", member=self.profile.member, epoch=epoch)
 
+    async def fence(self, epoch: int | None) -> ControlResult:
+        """Obey ``epoch`` from now on without doing anything (a controller that took the
+        pool over without a command to send, e.g. after rebuilding a lost state)."""
+        async with self._lock:
+            self._fence(epoch)
+            return ControlResult(200, {"state": self.phase.value, "epoch": self.epoch})
+
     async def crash(self, reason: str) -> ControlResult:
         """Die out of band (fault tests): requests dropped, memory freed, state ``failed``."""
         async with self._lock:

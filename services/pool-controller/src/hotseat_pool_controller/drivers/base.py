@@ -52,6 +52,12 @@ class ResidencyDriver(Protocol):
         """True only when the member is provably not running (memory free, nothing to cut)."""
         ...
 
+    async def fence(self, epoch: int) -> None:
+        """Make ``epoch`` the oldest the members obey, without acting on them (a rebuild
+        of a lost pool state moves the epoch with no command to send). Best effort: a
+        driver whose backend cannot record it does nothing."""
+        ...
+
     async def residency(self) -> dict[str, bool]:
         """Member -> whether it is loaded right now (ready or on its way), for rebuilding."""
         ...

@@ -133,6 +133,9 @@ class HttpDriver:
     async def is_ready(self, member: str) -> bool:
         return (await self._probe(self._spec(member))).state is State.READY
 
+    async def fence(self, epoch: int) -> None:
+        """Nothing to record: the epoch travels with each command's header."""
+
     async def confirm_gone(self, member: str) -> bool:
         """Gone only on proof: the server refuses connections, or its loaded check says
         the model is not loaded. A health URL answering non-200 proves nothing (a server

@@ -172,6 +172,33 @@ class KubernetesDriver:
             return False
         return _replicas(workload) >= 1 and _available(workload)
 
+    async def fence(self, epoch: int) -> None:
+        """Record ``epoch`` on every member's workload (conditional writes, as for a scale)."""
+        for spec in self._specs.values():
+            try:
+                await self._record_epoch(spec, epoch)
+            except DriverError as exc:
+                log.warning("kubernetes_fence_failed", pool=self._pool, member=spec.member,
+                            error=str(exc))  # fmt: skip
+
+    async def _record_epoch(self, spec: _Spec, epoch: int) -> None:
+        for _ in range(CONFLICT_RETRIES):
+            workload = await self._workload(spec)
+            metadata = workload.metadata
+            recorded = int(((metadata.annotations if metadata else None) or {}).get(
+                EPOCH_ANNOTATION, "0"))  # fmt: skip
+            if recorded >= epoch:
+                return
+            body = {"metadata": {"resourceVersion": metadata.resourceVersion if metadata else None,
+                                 "annotations": {EPOCH_ANNOTATION: str(epoch)}}}  # fmt: skip
+            try:
+                await self._patch(spec, spec.kind, body, "record the epoch on")
+            except DriverError as exc:
+                if _conflict(exc):
+                    continue
+                raise
+            return
+
     async def confirm_gone(self, member: str) -> bool:
         """Gone when no pod of the workload is left (a pod that fails its probes is not)."""
         spec = self._spec(member)

@@ -247,6 +247,10 @@ class ProcessDriver:
         run.was_ready = run.was_ready or ready
         return ready
 
+    async def fence(self, epoch: int) -> None:
+        async with self._fence.hold(epoch, "rebuild"):
+            pass
+
     async def confirm_gone(self, member: str) -> bool:
         """Gone when no process of the member's group is left (a stalled one is not)."""
         spec = self._spec(member)

@@ -100,6 +100,13 @@ class SimDriver:
             return False
         return response.status_code == 200
 
+    async def fence(self, epoch: int) -> None:
+        for member in self._addresses:
+            try:
+                await self._command(member, "fence", epoch)
+            except DriverError:
+                continue  # a sim that is down obeys nobody; one that is stalled catches up
+
     async def confirm_gone(self, member: str) -> bool:
         """Gone when nothing listens at its address (the process exited) or the sim reports
         its model unloaded or failed; a sim that does not answer (stalled) is not gone."""
