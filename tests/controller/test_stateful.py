@@ -39,7 +39,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from hotseat.launcher import Managed
 from hotseat_common.config.model import BusySignal, PoolActivation
 from hotseat_common.keys import Keys
-from hotseat_common.messages import ErrorReply, Granted, IncumbentBusyReply, WaitReply
+from hotseat_common.messages import (
+    AcquireRequest,
+    ErrorReply,
+    Granted,
+    IncumbentBusyReply,
+    WaitReply,
+)
 from hotseat_common.settings import RedisSettings
 from hotseat_pool_controller.redis_link import RedisLink
 from hotseat_pool_controller.state import (
@@ -233,16 +239,18 @@ class ControllerMachine(RuleBasedStateMachine):
         self.n += 1
         lease_id = f"L{self.n}"
 
+        request = AcquireRequest(
+            pool=POLICY.name,
+            member=waiter.member,
+            mode=waiter.mode,
+            attempt=waiter.attempt,
+            request_id=waiter.client,
+            router="r",
+            hold_s=600,
+        )
+
         def decide(s: PoolSnapshot) -> Decision:
-            ask = AcquireAsk(
-                waiter.member,
-                waiter.mode,
-                waiter.attempt,
-                waiter.client,
-                "r",
-                s.now_ms + 600_000,
-                lease_id,
-            )
+            ask = AcquireAsk.of(request, now_ms=s.now_ms, lease_id=lease_id)
             return decide_acquire(s, ask, POLICY, controller, slots_busy=None)
 
         decision = self.decide(decide, waiter.attempt)
@@ -261,6 +269,7 @@ class ControllerMachine(RuleBasedStateMachine):
             self.waiting.pop(waiter.attempt, None)
         elif isinstance(reply, WaitReply):
             self.waiting[waiter.attempt] = waiter
+            self.assert_not_dead_on_arrival(waiter)
         elif isinstance(reply, IncumbentBusyReply):
             assert waiter.mode == PoolActivation.IF_IDLE, "a Wait request was skipped"
             self.waiting.pop(waiter.attempt, None)
@@ -272,6 +281,14 @@ class ControllerMachine(RuleBasedStateMachine):
             assert reply.code in allowed, reply
             self.waiting.pop(waiter.attempt, None)
 
+    def assert_not_dead_on_arrival(self, waiter: Waiting) -> None:
+        """A waiter's deadline is ahead of the store's clock when it is added (holds travel
+        as durations, whatever the asking router's wall clock says)."""
+        key = self.store.keys.pool_waiters(POLICY.name, waiter.member)
+        deadline = self.run(self.redis.zscore(key, waiter.attempt))
+        if deadline is not None:
+            assert deadline > self.snapshot().now_ms, f"{waiter} dead on arrival"
+
     @rule(
         member=st.sampled_from(MEMBERS),
         mode=st.sampled_from(list(PoolActivation)),
@@ -279,6 +296,7 @@ class ControllerMachine(RuleBasedStateMachine):
         client=st.sampled_from(CLIENT_IDS),
     )
     def acquire(self, member: str, mode: PoolActivation, controller: str, client: str) -> None:
+        """A router asks; its wall clock may be anywhere (nothing of it is sent)."""
         self.n += 1
         self._ask(Waiting(member, mode, f"q{self.n}", client), controller)
 

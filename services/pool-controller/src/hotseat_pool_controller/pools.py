@@ -156,19 +156,8 @@ class PoolRuntime:
             self.announcer.metrics.acquires.labels(self.name, request.member, fast.status).inc()
             return fast
 
-        # The router sends how long it holds the request; the deadline is on Redis's clock.
-        hold_ms = int(request.hold_s * 1000)
-
         def decide(snap: PoolSnapshot, slots_busy: bool | None) -> Decision:
-            ask = AcquireAsk(
-                member=request.member,
-                mode=request.mode,
-                attempt=request.attempt,
-                request_id=request.request_id,
-                router=request.router,
-                deadline_ms=snap.now_ms + hold_ms,
-                lease_id=lease_id,
-            )
+            ask = AcquireAsk.of(request, now_ms=snap.now_ms, lease_id=lease_id)
             return decide_acquire(snap, ask, self.policy, self.controller, slots_busy=slots_busy)
 
         decision = await self._decide(decide, request.attempt)

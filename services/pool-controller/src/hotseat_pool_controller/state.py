@@ -14,6 +14,7 @@ from enum import StrEnum
 
 from hotseat_common.config.model import BusySignal, Pool, PoolActivation
 from hotseat_common.messages import (
+    AcquireRequest,
     ErrorReply,
     Granted,
     IncumbentBusyReply,
@@ -279,6 +280,20 @@ class AcquireAsk:
     """When the router stops holding the request (Redis clock)."""
     lease_id: str
     """A fresh id the decision may use if it grants."""
+
+    @classmethod
+    def of(cls, request: AcquireRequest, *, now_ms: int, lease_id: str) -> AcquireAsk:
+        """The router sends how long it holds the request; the deadline is anchored to the
+        store's clock here (``now_ms``, Redis ``TIME``), never to any router's."""
+        return cls(
+            member=request.member,
+            mode=request.mode,
+            attempt=request.attempt,
+            request_id=request.request_id,
+            router=request.router,
+            deadline_ms=now_ms + int(request.hold_s * 1000),
+            lease_id=lease_id,
+        )
 
 
 # --- helpers --------------------------------------------------------------------------
