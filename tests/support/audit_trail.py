@@ -46,13 +46,9 @@ async def metric_total(url: str, name: str) -> float:
     return total
 
 
-async def audit_publishing(procs: Iterable[Managed]) -> dict[str, float]:
-    """Audit events published (acknowledged by JetStream), still buffered and dropped,
-    summed over the live ``procs`` (routers and controllers; a dead one's buffer is gone)."""
-    return await _publishing([proc.url for proc in procs if proc.alive()])
-
-
 async def _publishing(urls: Iterable[str]) -> dict[str, float]:
+    """Audit events published (acknowledged by JetStream), still buffered and dropped,
+    summed over the services at ``urls`` (routers and controllers)."""
     totals = {"published": 0.0, "buffered": 0.0, "dropped": 0.0}
     for url in urls:
         totals["published"] += await metric_total(url, PUBLISHED)
@@ -63,7 +59,8 @@ async def _publishing(urls: Iterable[str]) -> dict[str, float]:
 
 async def publishers_flushed(procs: Iterable[Managed], *, timeout: float = 30) -> dict[str, float]:
     """Wait until no live publisher holds an unacknowledged event (the buffered gauge is set
-    after each acknowledgement, so 0 means every event emitted so far is in the stream)."""
+    after each acknowledgement, so 0 means every event emitted so far is in the stream; a
+    dead one's buffer is gone); the publishing totals then."""
     return await urls_flushed([proc.url for proc in procs if proc.alive()], timeout=timeout)
 
 
