@@ -43,8 +43,6 @@ POOL = "cpu0"
 LONG = 1900
 """Tokens of a stream that keeps the large member busy for far longer than any step of a
 test (about 10 s here; a slot holds 2048 tokens of context)."""
-SHORT = 800
-"""Tokens of a stream that keeps the large member busy for two to four seconds here."""
 
 
 async def started(make_stack: Make, config: dict[str, Any]) -> Stack:
@@ -219,7 +217,9 @@ async def test_wait_holds_until_the_real_slot_drains_then_swaps_gracefully(
     stack = await started(make_stack, config)
     router = stack.routers[0].url
     target = router if via == "router" else member_url(config, "large")
-    async with streaming(target, "large", max_tokens=SHORT) as stream:
+    # A stream far longer than the hold takes to register, even on a loaded machine (a
+    # shorter one once ended before the request was held).
+    async with streaming(target, "large", max_tokens=LONG) as stream:
         held = asyncio.create_task(chat(router, "small", request_id="held"))
         await eventually(lambda: waiters(stack, "small"), timeout=10)
         assert not stream.task.done(), "large finished before the request was held"
