@@ -1,33 +1,87 @@
-"""Hotseat's exception tree. Each error has a stable ``code`` used on every wire.
+"""Hotseat's error codes and exception tree. Each error has a stable ``code`` used on every wire.
 
-    HotseatError
+    HotseatError                    internal_error
     ├── ConfigError                 invalid_config          (config/errors.py)
-    ├── ActivationError             the pool could not give a lease
-    │   ├── IncumbentBusy           pool_incumbent_busy     IfIdle and the incumbent serves
-    │   ├── ActivationTimeout       pool_activation_timeout the swap budget elapsed
-    │   ├── QueueFull               pool_queue_full         maxWaiters reached
-    │   ├── SwapFailed              swap_failed             the load failed or timed out
-    │   ├── UnknownPool             unknown_pool
-    │   └── ControllerUnavailable   controller_unavailable  no controller answered / store down
-    └── LeaseLost                   lease_lost              renewal refused: the lease expired
+    ├── DriverError                 driver_error            (the controller's drivers)
+    │   └── Fenced                  fenced                  an older swap owner's command
+    ├── RouterError                 (the router's own answers, hotseat_router/errors.py)
+    └── ActivationError             activation_error        the pool could not give a lease
+        ├── IncumbentBusy           pool_incumbent_busy     IfIdle and the incumbent serves
+        ├── ActivationTimeout       pool_activation_timeout the swap budget elapsed
+        ├── QueueFull               pool_queue_full         maxWaiters reached
+        ├── SwapFailed              swap_failed             the load failed or timed out
+        ├── UnknownPool             unknown_pool
+        └── ControllerUnavailable   controller_unavailable  no controller answered / store down
 
-Errors are translated at the edges only: the router maps codes to HTTP statuses and
-OpenAI error bodies, the controller to NATS service error headers.
+Every code that crosses a process (NATS replies, HTTP error bodies, SSE error events,
+the audit API) is an :class:`ErrorCode`; no other module spells one. Errors are
+translated at the edges only: the router maps codes to HTTP statuses and OpenAI error
+bodies (one table), the controller to NATS service error headers
+(:func:`hotseat_common.headers.service_error`).
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """Every error code Hotseat puts on a wire."""
+
+    INTERNAL_ERROR = "internal_error"
+    INVALID_CONFIG = "invalid_config"
+    # the activation protocol (controller replies, router exceptions)
+    ACTIVATION_ERROR = "activation_error"
+    POOL_INCUMBENT_BUSY = "pool_incumbent_busy"
+    POOL_ACTIVATION_TIMEOUT = "pool_activation_timeout"
+    POOL_QUEUE_FULL = "pool_queue_full"
+    SWAP_FAILED = "swap_failed"
+    UNKNOWN_POOL = "unknown_pool"
+    CONTROLLER_UNAVAILABLE = "controller_unavailable"
+    BAD_REQUEST = "bad_request"
+    """A NATS request the controller cannot parse."""
+    RECONCILING = "reconciling"
+    """A renewal the controller cannot judge: the pool state is being rebuilt."""
+    LEASE_LOST = "lease_lost"
+    """A stream ended because its lease was refused or could not be renewed in time."""
+    # the controller's admin API (409 answers)
+    INCUMBENT_BUSY = "incumbent_busy"
+    """An admin swap or unload refused: the incumbent serves (leases, or busy /slots)."""
+    SWAP_IN_FLIGHT = "swap_in_flight"
+    UNKNOWN_MEMBER = "unknown_member"
+    # residency drivers
+    DRIVER_ERROR = "driver_error"
+    FENCED = "fenced"
+    # the router's own answers (status and OpenAI type in hotseat_router/errors.py)
+    INVALID_JSON = "invalid_json"
+    INVALID_REQUEST = "invalid_request"
+    INVALID_API_KEY = "invalid_api_key"
+    REQUEST_TOO_LARGE = "request_too_large"
+    MODEL_NOT_FOUND = "model_not_found"
+    UNKNOWN_URL = "unknown_url"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    FAIL_CLOSED = "fail_closed"
+    ALL_BACKENDS_FAILED = "all_backends_failed"
+    REQUEST_TIMEOUT = "request_timeout"
+    CLIENT_DISCONNECTED = "client_disconnected"
+    STREAM_IDLE_TIMEOUT = "stream_idle_timeout"
+    UPSTREAM_BODY_ERROR = "upstream_body_error"
+    # the audit service's query API
+    INVALID_PARAMETER = "invalid_parameter"
+    INVALID_CURSOR = "invalid_cursor"
+    STORE_UNAVAILABLE = "store_unavailable"
 
 
 class HotseatError(Exception):
     """Root of every error Hotseat raises on purpose."""
 
-    code = "internal_error"
+    code = ErrorCode.INTERNAL_ERROR
 
 
 class ActivationError(HotseatError):
     """The pool controller could not (yet) give an activation lease."""
 
-    code = "activation_error"
+    code = ErrorCode.ACTIVATION_ERROR
 
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
@@ -35,34 +89,30 @@ class ActivationError(HotseatError):
 
 
 class IncumbentBusy(ActivationError):
-    code = "pool_incumbent_busy"
+    code = ErrorCode.POOL_INCUMBENT_BUSY
 
 
 class ActivationTimeout(ActivationError):
-    code = "pool_activation_timeout"
+    code = ErrorCode.POOL_ACTIVATION_TIMEOUT
 
 
 class QueueFull(ActivationError):
-    code = "pool_queue_full"
+    code = ErrorCode.POOL_QUEUE_FULL
 
 
 class SwapFailed(ActivationError):
-    code = "swap_failed"
+    code = ErrorCode.SWAP_FAILED
 
 
 class UnknownPool(ActivationError):
-    code = "unknown_pool"
+    code = ErrorCode.UNKNOWN_POOL
 
 
 class ControllerUnavailable(ActivationError):
-    code = "controller_unavailable"
+    code = ErrorCode.CONTROLLER_UNAVAILABLE
 
 
-class LeaseLost(HotseatError):
-    code = "lease_lost"
-
-
-ACTIVATION_ERRORS: dict[str, type[ActivationError]] = {
+ACTIVATION_ERRORS: dict[ErrorCode, type[ActivationError]] = {
     cls.code: cls
     for cls in (
         IncumbentBusy,

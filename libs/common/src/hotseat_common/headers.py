@@ -1,4 +1,5 @@
-"""HTTP header names that cross process boundaries (the controller's drivers to backends)."""
+"""Header names that cross process boundaries: HTTP (the controller's drivers to backends)
+and NATS (the controller's error replies)."""
 
 from __future__ import annotations
 
@@ -6,3 +7,12 @@ EPOCH = "x-hotseat-epoch"
 """Sent by the ``http`` driver with every load and unload: the swap's fencing epoch. A
 backend that remembers the highest epoch it obeyed and refuses a lower one (HTTP 409)
 fences a controller that lost the swap (docs/drivers.md)."""
+
+SERVICE_ERROR = "Nats-Service-Error"
+SERVICE_ERROR_CODE = "Nats-Service-Error-Code"
+
+
+def service_error(description: str, status: int) -> dict[str, str]:
+    """The NATS service error headers (the ``nats.micro`` convention) of an error reply:
+    a short description and an HTTP-like status."""
+    return {SERVICE_ERROR: description, SERVICE_ERROR_CODE: str(status)}

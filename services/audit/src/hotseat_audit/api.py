@@ -27,6 +27,7 @@ from hotseat_audit.query import (
 )
 from hotseat_audit.store import AuditStore, StoreError
 from hotseat_audit.store.base import MAX_PAGE
+from hotseat_common.errors import ErrorCode
 
 DEFAULT_PAGE = 100
 DEFAULT_SUMMARY_WINDOW = timedelta(hours=24)
@@ -36,7 +37,7 @@ class ApiError(Exception):
     """An error answered with ``status`` and the common error body."""
 
     def __init__(
-        self, status: int, code: str, message: str, fields: list[dict[str, str]] | None = None
+        self, status: int, code: ErrorCode, message: str, fields: list[dict[str, str]] | None = None
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -53,7 +54,7 @@ class ApiError(Exception):
 
 def invalid(fields: list[dict[str, str]]) -> ApiError:
     message = "; ".join(f"{f['field']}: {f['message']}" for f in fields)
-    return ApiError(422, "invalid_parameter", message, fields)
+    return ApiError(422, ErrorCode.INVALID_PARAMETER, message, fields)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -72,7 +73,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return invalid(fields).response()
 
     async def on_store_error(_request: Request, exc: Exception) -> JSONResponse:
-        return ApiError(503, "store_unavailable", str(exc)).response()
+        return ApiError(503, ErrorCode.STORE_UNAVAILABLE, str(exc)).response()
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
@@ -267,7 +268,7 @@ def build_router() -> APIRouter:
             try:
                 after = Cursor.decode(cursor, filters)
             except InvalidCursor as exc:
-                raise ApiError(400, "invalid_cursor", str(exc)) from exc
+                raise ApiError(400, ErrorCode.INVALID_CURSOR, str(exc)) from exc
         events = await store.events(filters, limit=limit + 1, after=after)
         page, more = events[:limit], len(events) > limit
         next_cursor = Cursor(page[-1].time, page[-1].id).encode(filters) if more else None

@@ -18,6 +18,8 @@ from nats.errors import Error as NatsError
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from hotseat_common.errors import ErrorCode
+from hotseat_common.headers import service_error
 from hotseat_common.logging import get_logger
 from hotseat_common.messages import (
     Ack,
@@ -102,8 +104,8 @@ class ActivationHandlers:
                 work = handler(msg.data)
                 reply = await (self._health.guard(work) if self._health else work)
             except ValidationError as exc:
-                reply = ErrorReply(code="bad_request", message=_short(exc))
-                headers = {"Nats-Service-Error": reply.message, "Nats-Service-Error-Code": "400"}
+                reply = ErrorReply(code=ErrorCode.BAD_REQUEST, message=_short(exc))
+                headers = service_error(reply.message, 400)
             except ConflictError as exc:
                 # Every attempt lost a race: answer like an unavailable store (fail closed,
                 # the router retries after Retry-After) instead of leaving it to time out.
@@ -128,13 +130,13 @@ class ActivationHandlers:
     ) -> tuple[WireModel, dict[str, str]]:
         """The fail-closed answer while the store cannot decide: retry after a second."""
         reply: WireModel = ErrorReply(
-            code="controller_unavailable",
+            code=ErrorCode.CONTROLLER_UNAVAILABLE,
             message=message,
             retry_after_s=UNAVAILABLE_RETRY_AFTER_S,
         )
         if subject == self._subjects.renew:
-            reply = RenewReply(ok=False, code="controller_unavailable")
-        return reply, {"Nats-Service-Error": header, "Nats-Service-Error-Code": "503"}
+            reply = RenewReply(ok=False, code=ErrorCode.CONTROLLER_UNAVAILABLE)
+        return reply, service_error(header, 503)
 
     def _pool(self, name: str) -> PoolRuntime | None:
         return self._pools.get(name)
@@ -143,24 +145,24 @@ class ActivationHandlers:
         request = AcquireRequest.from_bytes(data)
         pool = self._pool(request.pool)
         if pool is None:
-            return ErrorReply(code="unknown_pool", message=f"no pool {request.pool!r}")
+            return ErrorReply(code=ErrorCode.UNKNOWN_POOL, message=f"no pool {request.pool!r}")
         return await pool.acquire(request)
 
     async def _release(self, data: bytes) -> WireModel:
         request = ReleaseRequest.from_bytes(data)
         pool = self._pool(request.pool)
         if pool is None:
-            return Ack(ok=False, code="unknown_pool", message=f"no pool {request.pool!r}")
+            return Ack(ok=False, code=ErrorCode.UNKNOWN_POOL, message=f"no pool {request.pool!r}")
         return Ack(ok=await pool.release(request.member, request.lease_id))  # reply optional
 
     async def _renew(self, data: bytes) -> WireModel:
         request = RenewRequest.from_bytes(data)
         pool = self._pool(request.pool)
         if pool is None:
-            return RenewReply(ok=False, code="unknown_pool")
+            return RenewReply(ok=False, code=ErrorCode.UNKNOWN_POOL)
         renewed = await pool.renew(request)
         if renewed.outcome is Renewal.UNKNOWN:
-            return RenewReply(ok=False, code="reconciling")
+            return RenewReply(ok=False, code=ErrorCode.RECONCILING)
         ok = renewed.outcome is Renewal.RENEWED
         return RenewReply(
             ok=ok,
@@ -172,14 +174,14 @@ class ActivationHandlers:
         request = CancelRequest.from_bytes(data)
         pool = self._pool(request.pool)
         if pool is None:
-            return Ack(ok=False, code="unknown_pool", message=f"no pool {request.pool!r}")
+            return Ack(ok=False, code=ErrorCode.UNKNOWN_POOL, message=f"no pool {request.pool!r}")
         return Ack(ok=await pool.cancel(request.member, request.attempt))
 
     async def _report(self, data: bytes) -> WireModel:
         report = DispatchFailureReport.from_bytes(data)
         pool = self._pool(report.pool)
         if pool is None:
-            return Ack(ok=False, code="unknown_pool", message=f"no pool {report.pool!r}")
+            return Ack(ok=False, code=ErrorCode.UNKNOWN_POOL, message=f"no pool {report.pool!r}")
         await pool.report_failure(report.member, report.reason)
         return Ack()
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from redis.exceptions import RedisError
 
 from hotseat_common.config.model import Pool
+from hotseat_common.errors import ErrorCode
 from hotseat_common.logging import get_logger
 from hotseat_common.messages import (
     AcquireRequest,
@@ -161,7 +162,7 @@ class PoolRuntime:
             return decide_acquire(snap, ask, self.policy, self.controller, slots_busy=slots_busy)
 
         decision = await self._decide(decide, request.attempt)
-        reply = decision.reply or ErrorReply(code="internal_error", message="no decision")
+        reply = decision.reply or ErrorReply(code=ErrorCode.INTERNAL_ERROR, message="no decision")
         self.announcer.metrics.acquires.labels(self.name, request.member, reply.status).inc()
         return reply
 

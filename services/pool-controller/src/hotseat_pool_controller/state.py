@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from hotseat_common.config.model import BusySignal, Pool, PoolActivation
+from hotseat_common.errors import ErrorCode
 from hotseat_common.messages import (
     AcquireRequest,
     ErrorReply,
     Granted,
     IncumbentBusyReply,
     PoolOutcome,
+    WaitReason,
     WaitReply,
 )
 
@@ -350,7 +352,7 @@ def _queue_full(snap: PoolSnapshot, policy: PoolPolicy) -> ErrorReply | None:
     if snap.attempt_waiting or snap.total_waiters < policy.max_waiters:
         return None
     return ErrorReply(
-        code="pool_queue_full",
+        code=ErrorCode.POOL_QUEUE_FULL,
         message=f"pool {policy.name} holds {snap.total_waiters} requests (maxWaiters)",
         retry_after_s=retry_after_s(snap),
     )
@@ -417,12 +419,14 @@ def decide_acquire(
     if ask.member not in policy.members:
         return Decision(
             reply=ErrorReply(
-                code="unknown_pool",
+                code=ErrorCode.UNKNOWN_POOL,
                 message=f"{ask.member!r} is not a member of pool {policy.name!r}",
             )
         )
     if snap.phase == Phase.UNKNOWN:
-        return Decision(reply=WaitReply(reason="reconciling", epoch=snap.epoch, retry_after_s=1.0))
+        return Decision(
+            reply=WaitReply(reason=WaitReason.RECONCILING, epoch=snap.epoch, retry_after_s=1.0)
+        )
     held = snap.attempt_lease
     if held is not None and held.member == ask.member:
         # A re-asked acquire (same attempt) gets the lease it already has, with the time
@@ -435,7 +439,7 @@ def decide_acquire(
     if backoff_ms > 0:
         return Decision(
             reply=ErrorReply(
-                code="swap_failed",
+                code=ErrorCode.SWAP_FAILED,
                 message=f"the last swap to {ask.member} failed; retrying after a backoff",
                 retry_after_s=max(MIN_RETRY_AFTER_S, backoff_ms / 1000),
             ),
@@ -454,7 +458,7 @@ def decide_acquire(
             return Decision(reply=full)
         return Decision(
             reply=WaitReply(
-                reason="swap_in_flight",
+                reason=WaitReason.SWAP_IN_FLIGHT,
                 target=snap.target,
                 epoch=snap.epoch,
                 retry_after_s=retry_after_s(snap),
@@ -476,7 +480,7 @@ def decide_acquire(
             ops.append(SetState({"phase": Phase.DRAINING.value, "target": ask.member}))
         return Decision(
             reply=WaitReply(
-                reason="draining",
+                reason=WaitReason.DRAINING,
                 target=target,
                 epoch=snap.epoch,
                 retry_after_s=retry_after_s(snap),
@@ -504,7 +508,7 @@ def decide_acquire(
         )
     return Decision(
         reply=WaitReply(
-            reason="swap_in_flight",
+            reason=WaitReason.SWAP_IN_FLIGHT,
             target=target,
             epoch=order.epoch,
             retry_after_s=retry_after_s(snap),
@@ -530,7 +534,7 @@ def _recovering(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy) -> Deci
         return Decision(reply=full)
     return Decision(
         reply=WaitReply(
-            reason="recovering",
+            reason=WaitReason.RECOVERING,
             target=ask.member,
             epoch=snap.epoch,
             retry_after_s=retry_after_s(snap),
@@ -923,14 +927,18 @@ def decide_admin_swap(
     """An operator forces ``member`` in. Refused while a swap runs or the incumbent serves
     (live leases, or busy ``/slots`` under ``busySignal: leasesAndSlots``)."""
     if member not in policy.members:
-        return Decision(reply=ErrorReply(code="unknown_member", message=f"no member {member!r}"))
+        return Decision(
+            reply=ErrorReply(code=ErrorCode.UNKNOWN_MEMBER, message=f"no member {member!r}")
+        )
     if snap.phase == Phase.UNKNOWN or snap.phase in IN_FLIGHT:
         return Decision(
-            reply=ErrorReply(code="swap_in_flight", message=f"pool is {snap.phase.value}")
+            reply=ErrorReply(code=ErrorCode.SWAP_IN_FLIGHT, message=f"pool is {snap.phase.value}")
         )
     if snap.resident == member:
         return Decision(
-            reply=WaitReply(reason="swap_in_flight", target=None, epoch=snap.epoch, retry_after_s=0)
+            reply=WaitReply(
+                reason=WaitReason.SWAP_IN_FLIGHT, target=None, epoch=snap.epoch, retry_after_s=0
+            )
         )
     refused = _admin_refusal(snap, policy, slots_busy)
     if refused is not None:
@@ -941,7 +949,7 @@ def decide_admin_swap(
     busy_guard = (snap.resident,) if snap.resident else ()
     return Decision(
         reply=WaitReply(
-            reason="swap_in_flight",
+            reason=WaitReason.SWAP_IN_FLIGHT,
             target=member,
             epoch=order.epoch,
             retry_after_s=retry_after_s(snap),
@@ -960,14 +968,14 @@ def _admin_refusal(
     if snap.live_leases(snap.resident) > 0:
         return Decision(
             reply=ErrorReply(
-                code="incumbent_busy",
+                code=ErrorCode.INCUMBENT_BUSY,
                 message=f"{snap.resident} holds {snap.live_leases(snap.resident)} live lease(s)",
             )
         )
     if snap.serving(snap.resident):
         return Decision(
             reply=ErrorReply(
-                code="incumbent_busy",
+                code=ErrorCode.INCUMBENT_BUSY,
                 message=f"{snap.resident} may still serve: the store lost its leases and is "
                 "relearning them (one lease TTL after the rebuild)",
             )
@@ -977,7 +985,7 @@ def _admin_refusal(
     if slots_busy is True and snap.resident is not None:
         return Decision(
             reply=ErrorReply(
-                code="incumbent_busy",
+                code=ErrorCode.INCUMBENT_BUSY,
                 message=f"{snap.resident}'s /slots reports requests in progress",
             )
         )
@@ -991,7 +999,7 @@ def decide_admin_unload(
     Refused while a swap runs or the incumbent serves, as for an admin swap."""
     if snap.phase == Phase.UNKNOWN or snap.phase in IN_FLIGHT:
         return Decision(
-            reply=ErrorReply(code="swap_in_flight", message=f"pool is {snap.phase.value}")
+            reply=ErrorReply(code=ErrorCode.SWAP_IN_FLIGHT, message=f"pool is {snap.phase.value}")
         )
     refused = _admin_refusal(snap, policy, slots_busy)
     if refused is not None:
@@ -1000,7 +1008,10 @@ def decide_admin_unload(
     busy_guard = (snap.resident,) if snap.resident else ()
     return Decision(
         reply=WaitReply(
-            reason="swap_in_flight", target=None, epoch=epoch, retry_after_s=retry_after_s(snap)
+            reason=WaitReason.SWAP_IN_FLIGHT,
+            target=None,
+            epoch=epoch,
+            retry_after_s=retry_after_s(snap),
         ),
         ops=(
             SetState(

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from hotseat_common.errors import ErrorCode
 from hotseat_common.keys import Keys
 from hotseat_common.messages import ErrorReply, Granted, PoolView
 from hotseat_pool_controller import scripts
@@ -183,7 +184,7 @@ class PoolStore:
                 return decision, snap
             if applied is Applied.QUEUE_FULL:
                 full = ErrorReply(
-                    code="pool_queue_full",
+                    code=ErrorCode.POOL_QUEUE_FULL,
                     message=f"pool {self.policy.name} holds maxWaiters requests",
                     retry_after_s=retry_after_s(snap),
                 )

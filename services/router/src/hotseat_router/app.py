@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 from hotseat_common.audit_stream import AuditPublisher, AuditStreamSpec, ensure_audit_stream
 from hotseat_common.config import HotseatConfig, load_config
 from hotseat_common.connections import connect_nats
+from hotseat_common.errors import HotseatError
 from hotseat_common.logging import configure_logging, get_logger
 from hotseat_common.metrics import RouterMetrics
 from hotseat_common.service import Readiness, ops_router
@@ -40,7 +41,7 @@ from hotseat_router.asgi import Message, Receive, Scope, Send
 from hotseat_router.audit import RequestAudit
 from hotseat_router.auth import ApiKeyCheck, load_api_keys
 from hotseat_router.dispatch import Dispatcher
-from hotseat_router.errors import Unauthorized, error_answer, error_body
+from hotseat_router.errors import MethodNotAllowed, Unauthorized, UnknownUrl, error_answer
 from hotseat_router.headers import REQUEST_ID_B, valid_request_id
 from hotseat_router.health import PassiveHealth
 from hotseat_router.matching import Matcher
@@ -218,10 +219,7 @@ def create_app(
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
         if not auth.allows(_header(request, b"authorization")):
-            status, headers, body = error_answer(Unauthorized("missing or invalid API key"))
-            return Response(
-                body, status_code=status, headers={k.decode(): v.decode() for k, v in headers}
-            )
+            return _error_response(Unauthorized("missing or invalid API key"))
         return Response(models, media_type="application/json")
 
     _mount_unknown_v1(app, auth)
@@ -253,30 +251,21 @@ def _mount_unknown_v1(app: RouterApp, auth: ApiKeyCheck) -> None:
         client learns nothing about which paths exist), else an OpenAI-shaped 405 (a
         known path) or 404."""
         if not auth.allows(_header(request, b"authorization")):
-            status, headers, body = error_answer(Unauthorized("missing or invalid API key"))
-            return Response(
-                body, status_code=status, headers={k.decode(): v.decode() for k, v in headers}
-            )
+            return _error_response(Unauthorized("missing or invalid API key"))
         path = request.url.path
         allowed = _METHODS.get(path)
         if allowed is not None:
-            return Response(
-                error_body(
-                    f"Method {request.method} not allowed on {path}",
-                    "invalid_request_error",
-                    "method_not_allowed",
-                ),
-                status_code=405,
-                headers={"allow": allowed},
-                media_type="application/json",
+            return _error_response(
+                MethodNotAllowed(f"Method {request.method} not allowed on {path}", allow=allowed)
             )
-        return Response(
-            error_body(
-                f"Invalid URL ({request.method} {path})", "invalid_request_error", "unknown_url"
-            ),
-            status_code=404,
-            media_type="application/json",
-        )
+        return _error_response(UnknownUrl(f"Invalid URL ({request.method} {path})"))
+
+
+def _error_response(exc: HotseatError) -> Response:
+    """The one error table's answer (:func:`~hotseat_router.errors.error_answer`) as a
+    framework response."""
+    status, headers, body = error_answer(exc)
+    return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
 
 def _header(request: Request, name: bytes) -> bytes | None:

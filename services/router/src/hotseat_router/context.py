@@ -6,6 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from hotseat_common.errors import ErrorCode
 from hotseat_router.asgi import Receive
 
 
@@ -23,7 +24,7 @@ class RequestContext:
     """The terminal audit event was emitted."""
     response_done: bool = False
     """The last body message is being sent: a disconnect now is no longer an interruption."""
-    interrupted: str | None = None
+    interrupted: ErrorCode | None = None
     """Why the handling task was cancelled on purpose: ``client_disconnected``, ``lease_lost``."""
     task: asyncio.Task[object] | None = None
     watcher: asyncio.Task[None] | None = None
@@ -32,14 +33,14 @@ class RequestContext:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    def interrupt(self, reason: str) -> None:
+    def interrupt(self, reason: ErrorCode) -> None:
         """Cancel the handling task once, remembering why (a second reason is ignored)."""
         if self.interrupted is not None or self.response_done or self.task is None:
             return
         self.interrupted = reason
         self.task.cancel()
 
-    def absorb_interrupt(self) -> str | None:
+    def absorb_interrupt(self) -> ErrorCode | None:
         """After catching ``CancelledError``: our own interruption's reason (uncancelled), or
         ``None`` when somebody else cancelled the task and the error must propagate."""
         if self.interrupted is None or self.task is None:
@@ -53,11 +54,11 @@ async def watch_disconnect(receive: Receive, ctx: RequestContext) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            ctx.interrupt("client_disconnected")
+            ctx.interrupt(ErrorCode.CLIENT_DISCONNECTED)
             return
 
 
 async def watch_lease(lost: asyncio.Event, ctx: RequestContext) -> None:
     """Interrupt the request when the controller refuses to renew its lease."""
     await lost.wait()
-    ctx.interrupt("lease_lost")
+    ctx.interrupt(ErrorCode.LEASE_LOST)

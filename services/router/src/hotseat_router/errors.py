@@ -8,6 +8,8 @@
         ├── Unauthorized              invalid_api_key         401
         ├── BodyTooLarge              request_too_large       413
         ├── ModelNotFound             model_not_found         404
+        ├── UnknownUrl                unknown_url             404
+        ├── MethodNotAllowed          method_not_allowed      405 + Allow
         ├── FailClosed                fail_closed             503 + Retry-After
         ├── AllBackendsFailed         all_backends_failed     502
         ├── DeadlineExceeded          request_timeout         504
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from hotseat_common.errors import HotseatError
+from hotseat_common.errors import ErrorCode, HotseatError
 from hotseat_common.messages.audit import RequestOutcome
 
 DEFAULT_RETRY_AFTER = 1.0
@@ -32,7 +34,7 @@ DEFAULT_RETRY_AFTER = 1.0
 class RouterError(HotseatError):
     """An answer the router gives on its own, without a backend's response."""
 
-    code = "internal_error"
+    code = ErrorCode.INTERNAL_ERROR
 
     def __init__(
         self, message: str, *, retry_after: float | None = None, reason: str | None = None
@@ -43,39 +45,52 @@ class RouterError(HotseatError):
 
 
 class InvalidJson(RouterError):
-    code = "invalid_json"
+    code = ErrorCode.INVALID_JSON
 
 
 class InvalidRequest(RouterError):
-    code = "invalid_request"
+    code = ErrorCode.INVALID_REQUEST
 
 
 class Unauthorized(RouterError):
-    code = "invalid_api_key"
+    code = ErrorCode.INVALID_API_KEY
 
 
 class BodyTooLarge(RouterError):
-    code = "request_too_large"
+    code = ErrorCode.REQUEST_TOO_LARGE
 
 
 class ModelNotFound(RouterError):
-    code = "model_not_found"
+    code = ErrorCode.MODEL_NOT_FOUND
+
+
+class UnknownUrl(RouterError):
+    code = ErrorCode.UNKNOWN_URL
+
+
+class MethodNotAllowed(RouterError):
+    code = ErrorCode.METHOD_NOT_ALLOWED
+
+    def __init__(self, message: str, *, allow: str) -> None:
+        super().__init__(message)
+        self.allow = allow
+        """The methods the path does answer (the ``Allow`` header)."""
 
 
 class FailClosed(RouterError):
-    code = "fail_closed"
+    code = ErrorCode.FAIL_CLOSED
 
 
 class AllBackendsFailed(RouterError):
-    code = "all_backends_failed"
+    code = ErrorCode.ALL_BACKENDS_FAILED
 
 
 class DeadlineExceeded(RouterError):
-    code = "request_timeout"
+    code = ErrorCode.REQUEST_TIMEOUT
 
 
 class ClientDisconnected(RouterError):
-    code = "client_disconnected"
+    code = ErrorCode.CLIENT_DISCONNECTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,26 +103,34 @@ class ErrorSpec:
 
 
 _REJECTED = RequestOutcome.REJECTED
-ERROR_TABLE: dict[str, ErrorSpec] = {
-    "invalid_json": ErrorSpec(400, "invalid_request_error", _REJECTED),
-    "invalid_request": ErrorSpec(400, "invalid_request_error", _REJECTED),
-    "invalid_api_key": ErrorSpec(401, "invalid_request_error", _REJECTED),
-    "request_too_large": ErrorSpec(413, "invalid_request_error", _REJECTED),
-    "model_not_found": ErrorSpec(404, "invalid_request_error", RequestOutcome.NO_ROUTE),
-    "fail_closed": ErrorSpec(503, "server_error", RequestOutcome.FAIL_CLOSED, retry=True),
-    "controller_unavailable": ErrorSpec(
+ERROR_TABLE: dict[ErrorCode, ErrorSpec] = {
+    ErrorCode.INVALID_JSON: ErrorSpec(400, "invalid_request_error", _REJECTED),
+    ErrorCode.INVALID_REQUEST: ErrorSpec(400, "invalid_request_error", _REJECTED),
+    ErrorCode.INVALID_API_KEY: ErrorSpec(401, "invalid_request_error", _REJECTED),
+    ErrorCode.REQUEST_TOO_LARGE: ErrorSpec(413, "invalid_request_error", _REJECTED),
+    ErrorCode.MODEL_NOT_FOUND: ErrorSpec(404, "invalid_request_error", RequestOutcome.NO_ROUTE),
+    ErrorCode.UNKNOWN_URL: ErrorSpec(404, "invalid_request_error", _REJECTED),
+    ErrorCode.METHOD_NOT_ALLOWED: ErrorSpec(405, "invalid_request_error", _REJECTED),
+    ErrorCode.FAIL_CLOSED: ErrorSpec(503, "server_error", RequestOutcome.FAIL_CLOSED, retry=True),
+    ErrorCode.CONTROLLER_UNAVAILABLE: ErrorSpec(
         503, "server_error", RequestOutcome.FAIL_CLOSED, retry=True
     ),
-    "pool_activation_timeout": ErrorSpec(
+    ErrorCode.POOL_ACTIVATION_TIMEOUT: ErrorSpec(
         503, "server_error", RequestOutcome.POOL_ACTIVATION_TIMEOUT, retry=True
     ),
-    "pool_incumbent_busy": ErrorSpec(
+    ErrorCode.POOL_INCUMBENT_BUSY: ErrorSpec(
         503, "server_error", RequestOutcome.POOL_INCUMBENT_BUSY, retry=True
     ),
-    "pool_queue_full": ErrorSpec(503, "server_error", RequestOutcome.POOL_QUEUE_FULL, retry=True),
-    "all_backends_failed": ErrorSpec(502, "server_error", RequestOutcome.ALL_BACKENDS_FAILED),
-    "request_timeout": ErrorSpec(504, "server_error", RequestOutcome.ALL_BACKENDS_FAILED),
-    "client_disconnected": ErrorSpec(499, "client_error", RequestOutcome.CLIENT_DISCONNECTED),
+    ErrorCode.POOL_QUEUE_FULL: ErrorSpec(
+        503, "server_error", RequestOutcome.POOL_QUEUE_FULL, retry=True
+    ),
+    ErrorCode.ALL_BACKENDS_FAILED: ErrorSpec(
+        502, "server_error", RequestOutcome.ALL_BACKENDS_FAILED
+    ),
+    ErrorCode.REQUEST_TIMEOUT: ErrorSpec(504, "server_error", RequestOutcome.ALL_BACKENDS_FAILED),
+    ErrorCode.CLIENT_DISCONNECTED: ErrorSpec(
+        499, "client_error", RequestOutcome.CLIENT_DISCONNECTED
+    ),
 }
 INTERNAL = ErrorSpec(500, "server_error", RequestOutcome.ALL_BACKENDS_FAILED)
 
@@ -121,7 +144,7 @@ def retry_after_seconds(value: float | None) -> int:
     return max(1, math.ceil(value if value is not None else DEFAULT_RETRY_AFTER))
 
 
-def error_body(message: str, type_: str, code: str) -> bytes:
+def error_body(message: str, type_: str, code: ErrorCode) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": type_, "code": code}})
 
 
@@ -136,4 +159,6 @@ def error_answer(exc: HotseatError) -> tuple[int, list[tuple[bytes, bytes]], byt
     if spec.retry:
         retry = retry_after_seconds(getattr(exc, "retry_after", None))
         headers.append((b"retry-after", str(retry).encode()))
+    if isinstance(exc, MethodNotAllowed):
+        headers.append((b"allow", exc.allow.encode()))
     return spec.status, headers, body

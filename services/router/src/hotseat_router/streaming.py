@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import asyncio
 
-import orjson
-
+from hotseat_common.errors import ErrorCode
 from hotseat_common.messages.audit import RequestOutcome
 from hotseat_common.metrics import RouterMetrics
 from hotseat_router.activation import ActivationClient
@@ -25,13 +24,14 @@ from hotseat_router.asgi import Send
 from hotseat_router.audit import RequestAudit
 from hotseat_router.context import RequestContext, watch_lease
 from hotseat_router.dispatch import Dispatched
+from hotseat_router.errors import error_body
 from hotseat_router.headers import client_response_headers
 from hotseat_router.upstream import UpstreamBodyError
 
 _STREAM_ERRORS = {
-    "stream_idle_timeout": "the upstream sent nothing for too long",
-    "upstream_body_error": "the upstream broke the connection mid-response",
-    "lease_lost": "the pool member's activation lease was lost mid-response",
+    ErrorCode.STREAM_IDLE_TIMEOUT: "the upstream sent nothing for too long",
+    ErrorCode.UPSTREAM_BODY_ERROR: "the upstream broke the connection mid-response",
+    ErrorCode.LEASE_LOST: "the pool member's activation lease was lost mid-response",
 }
 
 
@@ -39,9 +39,8 @@ class StreamAborted(Exception):
     """Raised to the server so it drops a connection whose body cannot be completed."""
 
 
-def _sse_error(reason: str) -> bytes:
-    payload = {"error": {"message": _STREAM_ERRORS[reason], "type": "server_error", "code": reason}}
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
+def _sse_error(reason: ErrorCode) -> bytes:
+    return b"data: " + error_body(_STREAM_ERRORS[reason], "server_error", reason) + b"\n\n"
 
 
 class Relay:
@@ -74,7 +73,7 @@ class Relay:
             if lease is not None and lease.ttl_s > 0
             else None
         )
-        failure: str | None = None
+        failure: ErrorCode | None = None
         try:
             failure = await self._pump(ctx, dispatched, send)
         except asyncio.CancelledError:
@@ -90,7 +89,7 @@ class Relay:
                 await self._activation.release(lease)
         if failure is None:
             self._audit.finish(ctx, RequestOutcome.SERVED)
-        elif failure == "client_disconnected":
+        elif failure is ErrorCode.CLIENT_DISCONNECTED:
             self._audit.finish(ctx, RequestOutcome.CLIENT_DISCONNECTED, reason=failure)
         else:
             self._audit.finish(ctx, RequestOutcome.SERVED, reason=failure)
@@ -99,7 +98,9 @@ class Relay:
             ctx.response_done = True
             await send({"type": "http.response.body", "body": _sse_error(failure)})
 
-    async def _pump(self, ctx: RequestContext, dispatched: Dispatched, send: Send) -> str | None:
+    async def _pump(
+        self, ctx: RequestContext, dispatched: Dispatched, send: Send
+    ) -> ErrorCode | None:
         """Copy the body; ``None`` when it ended normally, else why it stopped."""
         response = dispatched.response
         lease = dispatched.lease
@@ -119,11 +120,13 @@ class Relay:
                 async with asyncio.timeout(self._idle):
                     chunk = await response.chunk()
             except TimeoutError:
-                return "stream_idle_timeout"
+                return ErrorCode.STREAM_IDLE_TIMEOUT
             except UpstreamBodyError:
-                return "upstream_body_error"
+                return ErrorCode.UPSTREAM_BODY_ERROR
             if lease is not None and lease.expired():
-                return "lease_lost"  # never relay past the lease (a stalled loop resumes here)
+                return (
+                    ErrorCode.LEASE_LOST
+                )  # never relay past the lease (a stalled loop resumes here)
             if not chunk:
                 ctx.response_done = True
                 await send({"type": "http.response.body", "body": b""})

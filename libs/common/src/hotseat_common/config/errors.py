@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hotseat_common.errors import HotseatError
+from hotseat_common.errors import ErrorCode, HotseatError
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +19,7 @@ class ConfigIssue:
 class ConfigError(HotseatError):
     """The config file is unreadable or invalid; ``issues`` lists every problem found."""
 
-    code = "invalid_config"
+    code = ErrorCode.INVALID_CONFIG
 
     def __init__(self, source: str, issues: list[ConfigIssue]) -> None:
         self.source = source

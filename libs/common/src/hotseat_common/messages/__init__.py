@@ -14,6 +14,7 @@ from hotseat_common.messages.activation import (
     ReleaseRequest,
     RenewReply,
     RenewRequest,
+    WaitReason,
     WaitReply,
 )
 from hotseat_common.messages.audit import (
@@ -45,6 +46,7 @@ __all__ = [
     "RenewReply",
     "RenewRequest",
     "RequestOutcome",
+    "WaitReason",
     "WaitReply",
     "WireModel",
     "pool_event",

@@ -17,12 +17,26 @@ controller anchors them to the store's clock, so no two clocks are ever compared
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
 from hotseat_common.config.model import PoolActivation
+from hotseat_common.errors import ErrorCode
 from hotseat_common.messages.base import WireModel
+
+
+class WaitReason(StrEnum):
+    """Why a request is held (a ``wait`` reply)."""
+
+    SWAP_IN_FLIGHT = ErrorCode.SWAP_IN_FLIGHT.value
+    DRAINING = "draining"
+    RECONCILING = ErrorCode.RECONCILING.value
+    """The pool state is being rebuilt from the drivers."""
+    RECOVERING = "recovering"
+    """The resident stopped answering its health checks while it still serves; the request
+    waits until it answers again or is replaced."""
 
 
 class AcquireRequest(WireModel):
@@ -54,9 +68,7 @@ class IncumbentBusyReply(WireModel):
 
 class WaitReply(WireModel):
     status: Literal["wait"] = "wait"
-    reason: Literal["swap_in_flight", "draining", "reconciling", "recovering"]
-    """``recovering``: the resident stopped answering its health checks while it still
-    serves; the request waits until it answers again or is replaced."""
+    reason: WaitReason
     target: str | None = None
     epoch: int
     retry_after_s: float
@@ -64,8 +76,8 @@ class WaitReply(WireModel):
 
 class ErrorReply(WireModel):
     status: Literal["error"] = "error"
-    code: str
-    """One of :data:`hotseat_common.errors.ACTIVATION_ERRORS`."""
+    code: ErrorCode
+    """Mostly one of :data:`hotseat_common.errors.ACTIVATION_ERRORS`."""
     message: str
     retry_after_s: float | None = None
 
@@ -94,7 +106,7 @@ class RenewReply(WireModel):
     ok: bool
     """False with no ``code``: the lease is gone for good (expired, released or revoked)."""
     ttl_s: float = 0.0
-    code: str | None = None
+    code: ErrorCode | None = None
     """Set when the controller could not tell (``controller_unavailable``, ``reconciling``)."""
     shareable: bool = True
     """False while the member fails its health checks: the router keeps the lease for the
@@ -123,7 +135,7 @@ class DispatchFailureReport(WireModel):
 
 class Ack(WireModel):
     ok: bool = True
-    code: str | None = None
+    code: ErrorCode | None = None
     message: str | None = None
 
 

@@ -14,18 +14,22 @@ from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
+from hotseat_common.errors import ErrorCode
 from hotseat_common.messages.base import WireModel
 
 
 class RequestOutcome(StrEnum):
+    """A request's one terminal outcome; a request that ended in an error that names its
+    outcome is spelled by that error's code."""
+
     SERVED = "served"
-    POOL_ACTIVATION_TIMEOUT = "pool_activation_timeout"
-    POOL_INCUMBENT_BUSY = "pool_incumbent_busy"
-    POOL_QUEUE_FULL = "pool_queue_full"
-    ALL_BACKENDS_FAILED = "all_backends_failed"
+    POOL_ACTIVATION_TIMEOUT = ErrorCode.POOL_ACTIVATION_TIMEOUT.value
+    POOL_INCUMBENT_BUSY = ErrorCode.POOL_INCUMBENT_BUSY.value
+    POOL_QUEUE_FULL = ErrorCode.POOL_QUEUE_FULL.value
+    ALL_BACKENDS_FAILED = ErrorCode.ALL_BACKENDS_FAILED.value
     NO_ROUTE = "no_route"
-    FAIL_CLOSED = "fail_closed"
-    CLIENT_DISCONNECTED = "client_disconnected"
+    FAIL_CLOSED = ErrorCode.FAIL_CLOSED.value
+    CLIENT_DISCONNECTED = ErrorCode.CLIENT_DISCONNECTED.value
     REJECTED = "rejected"
 
 
@@ -33,7 +37,7 @@ class PoolOutcome(StrEnum):
     BUSY_SKIP = "busy_skip"
     SWAP_STARTED = "swap_started"
     SWAP_COMPLETED = "swap_completed"
-    SWAP_FAILED = "swap_failed"
+    SWAP_FAILED = ErrorCode.SWAP_FAILED.value
     SWAP_CANCELLED = "swap_cancelled"
     LEASE_EXPIRED = "lease_expired"
     RESIDENT_LOST = "resident_lost"

@@ -21,20 +21,20 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from hotseat_common.errors import HotseatError
+from hotseat_common.errors import ErrorCode, HotseatError
 
 
 class DriverError(HotseatError):
     """A driver could not do or confirm what was asked."""
 
-    code = "driver_error"
+    code = ErrorCode.DRIVER_ERROR
 
 
 class Fenced(DriverError):
     """A command from a swap owner older than one that already acted on the member (it
     lost the swap while frozen or partitioned): refused by the backend's fence."""
 
-    code = "fenced"
+    code = ErrorCode.FENCED
 
 
 class ResidencyDriver(Protocol):
