@@ -40,8 +40,8 @@ import httpx
 
 from hotseat.launcher import free_port, start_nats, start_redis
 from hotseat_common.settings import RedisSettings
-from hotseat_pool_controller.redis_link import RedisLink
-from hotseat_pool_controller.store_health import StoreDown, StoreHealth
+from hotseat_pool_controller.store.health import StoreDown, StoreHealth
+from hotseat_pool_controller.store.link import RedisLink
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test tree's stack, clients and fault proxy

@@ -5,7 +5,7 @@ For 1, 8 and 64 concurrent callers on one uvloop event loop, runs a small script
 
 - redis-py's ``Script`` object (what the controller used before ``RedisLink``),
 - redis-py ``execute_command("EVALSHA", ...)`` (the same without the script wrapper),
-- :class:`hotseat_pool_controller.redis_link.RedisLink` (one pipelined connection),
+- :class:`hotseat_pool_controller.store.link.RedisLink` (one pipelined connection),
 
 and prints calls per second and this process's CPU per call. A private redis-server on
 loopback; nothing is left running. ``docs/adr/0004-activation-hot-path.md`` quotes a run.
@@ -27,7 +27,7 @@ import uvloop
 
 from hotseat.launcher import start_redis
 from hotseat_common.settings import RedisSettings
-from hotseat_pool_controller.redis_link import LuaScript, RedisLink
+from hotseat_pool_controller.store.link import LuaScript, RedisLink
 
 SOURCE = "redis.call('ZADD', KEYS[1], 1, ARGV[1]) return {1, 2}"
 

@@ -15,7 +15,7 @@ from nats.aio.client import Client as NatsClient
 
 from hotseat.launcher import Managed, start_nats, start_redis
 from hotseat_common.settings import RedisSettings
-from hotseat_pool_controller.redis_link import RedisLink
+from hotseat_pool_controller.store.link import RedisLink
 from tests.support.infra import fresh_postgres_database, unique_prefix
 
 

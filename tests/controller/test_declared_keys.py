@@ -9,8 +9,8 @@ from redis.exceptions import ResponseError
 
 from hotseat.launcher import Managed
 from hotseat_common.keys import Keys
-from hotseat_pool_controller.redis_link import LuaScript, RedisLink
-from hotseat_pool_controller.store import PoolStore
+from hotseat_pool_controller.store.link import LuaScript, RedisLink
+from hotseat_pool_controller.store.pool import PoolStore
 from tests.controller.test_stateful import POLICY, ControllerMachine, run_to_quiescence
 from tests.support.pool_state import store_id
 

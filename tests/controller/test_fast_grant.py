@@ -13,9 +13,10 @@ from hotseat.launcher import Managed
 from hotseat_common.config.model import BusySignal, PoolActivation
 from hotseat_common.keys import Keys
 from hotseat_common.messages import Granted
-from hotseat_pool_controller.redis_link import RedisLink
-from hotseat_pool_controller.state import AcquireAsk, Phase, PoolPolicy, decide_acquire
-from hotseat_pool_controller.store import PoolStore
+from hotseat_pool_controller.decisions.acquire import decide_acquire
+from hotseat_pool_controller.decisions.model import AcquireAsk, Phase, PoolPolicy
+from hotseat_pool_controller.store.link import RedisLink
+from hotseat_pool_controller.store.pool import PoolStore
 from tests.support.pool_state import store_id
 
 POLICY = PoolPolicy(

@@ -17,13 +17,13 @@ from hotseat_common.messages import (
     RenewReply,
 )
 from hotseat_common.subjects import Subjects
-from hotseat_pool_controller.state import (
+from hotseat_pool_controller.decisions.acquire import decide_acquire
+from hotseat_pool_controller.decisions.model import (
     AcquireAsk,
     AttemptLease,
     Phase,
     PoolPolicy,
     PoolSnapshot,
-    decide_acquire,
 )
 from hotseat_router.pool_client import NatsActivationClient
 

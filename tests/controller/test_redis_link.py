@@ -20,7 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hotseat.launcher import Managed, start_redis
 from hotseat_common.settings import RedisSettings
-from hotseat_pool_controller.redis_link import LuaScript, RedisLink
+from hotseat_pool_controller.store.link import LuaScript, RedisLink
 
 ECHO_ARGV = LuaScript("return {KEYS[1], ARGV[1], tonumber(ARGV[2]) * 2}")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from hotseat_common.keys import Keys
-from hotseat_pool_controller.redis_link import RedisLink
-from hotseat_pool_controller.store import PoolStore
+from hotseat_pool_controller.store.link import RedisLink
+from hotseat_pool_controller.store.pool import PoolStore
 from tests.controller.test_stray_waiters import POLICY
 from tests.support.pool_state import store_id
 

@@ -8,7 +8,10 @@ import pytest
 
 from hotseat_common.config.model import BusySignal, PoolActivation
 from hotseat_common.messages import ErrorReply, Granted, IncumbentBusyReply, PoolOutcome, WaitReply
-from hotseat_pool_controller.state import (
+from hotseat_pool_controller.decisions.acquire import decide_acquire
+from hotseat_pool_controller.decisions.admin import decide_admin_swap, decide_admin_unload
+from hotseat_pool_controller.decisions.hold import retry_after_s
+from hotseat_pool_controller.decisions.model import (
     NOTHING,
     AcquireAsk,
     AddLease,
@@ -20,20 +23,20 @@ from hotseat_pool_controller.state import (
     PoolSnapshot,
     RevokeLeases,
     SetState,
-    decide_acquire,
-    decide_admin_swap,
-    decide_admin_unload,
+)
+from hotseat_pool_controller.decisions.recovery import (
+    decide_rebuild,
+    decide_resident_health,
+    decide_resident_lost,
+)
+from hotseat_pool_controller.decisions.start import next_epoch
+from hotseat_pool_controller.decisions.swap import (
     decide_begin_load,
     decide_commit,
     decide_fail,
     decide_heartbeat,
-    decide_rebuild,
-    decide_resident_health,
-    decide_resident_lost,
-    decide_tick,
-    next_epoch,
-    retry_after_s,
 )
+from hotseat_pool_controller.decisions.tick import decide_tick
 
 NOW = 1_000_000
 ME = "ctl-1"

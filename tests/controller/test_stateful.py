@@ -47,8 +47,9 @@ from hotseat_common.messages import (
     WaitReply,
 )
 from hotseat_common.settings import RedisSettings
-from hotseat_pool_controller.redis_link import RedisLink
-from hotseat_pool_controller.state import (
+from hotseat_pool_controller.decisions.acquire import decide_acquire
+from hotseat_pool_controller.decisions.admin import decide_admin_swap, decide_admin_unload
+from hotseat_pool_controller.decisions.model import (
     NOTHING,
     AcquireAsk,
     Decision,
@@ -56,19 +57,17 @@ from hotseat_pool_controller.state import (
     PoolPolicy,
     PoolSnapshot,
     SwapOrder,
-    decide_acquire,
-    decide_admin_swap,
-    decide_admin_unload,
-    decide_begin_load,
-    decide_commit,
-    decide_fail,
+)
+from hotseat_pool_controller.decisions.recovery import (
     decide_rebuild,
     decide_resident_health,
     decide_resident_lost,
-    decide_tick,
-    next_epoch,
 )
-from hotseat_pool_controller.store import PoolStore, Renewal
+from hotseat_pool_controller.decisions.start import next_epoch
+from hotseat_pool_controller.decisions.swap import decide_begin_load, decide_commit, decide_fail
+from hotseat_pool_controller.decisions.tick import decide_tick
+from hotseat_pool_controller.store.link import RedisLink
+from hotseat_pool_controller.store.pool import PoolStore, Renewal
 
 MEMBERS = ("a", "b", "c")
 CLIENT_IDS = ("client-1", "client-2")

@@ -12,8 +12,8 @@ import pytest
 
 from hotseat.launcher import Managed
 from hotseat_common.settings import RedisSettings
-from hotseat_pool_controller.redis_link import RedisLink
-from hotseat_pool_controller.store_health import StoreDown, StoreHealth
+from hotseat_pool_controller.store.health import StoreDown, StoreHealth
+from hotseat_pool_controller.store.link import RedisLink
 from tests.support.faultproxy import FaultProxy
 from tests.support.waiting import eventually
 

@@ -12,12 +12,12 @@ from hotseat_common.audit_stream import AuditPublisher
 from hotseat_common.keys import Keys
 from hotseat_common.metrics import PoolMetrics
 from hotseat_common.subjects import Subjects
+from hotseat_pool_controller.decisions.model import PoolPolicy
 from hotseat_pool_controller.drivers import build_driver
 from hotseat_pool_controller.events import Announcer
 from hotseat_pool_controller.pools import PoolRuntime
-from hotseat_pool_controller.redis_link import RedisLink
-from hotseat_pool_controller.state import PoolPolicy
-from hotseat_pool_controller.store import ConflictError, PoolStore
+from hotseat_pool_controller.store.link import RedisLink
+from hotseat_pool_controller.store.pool import ConflictError, PoolStore
 from tests.support.sim import sim_pool_config
 
 

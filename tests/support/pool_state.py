@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hotseat_pool_controller.redis_link import RedisLink
+from hotseat_pool_controller.store.link import RedisLink
 
 
 async def store_id(link: RedisLink) -> str:

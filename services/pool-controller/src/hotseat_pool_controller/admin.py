@@ -10,8 +10,8 @@ from fastapi import APIRouter, Header, HTTPException
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from hotseat_common.messages import ErrorReply, PoolList, PoolView
+from hotseat_pool_controller.decisions.model import Decision
 from hotseat_pool_controller.pools import PoolRuntime
-from hotseat_pool_controller.state import Decision
 
 
 class UnloadBody(BaseModel):

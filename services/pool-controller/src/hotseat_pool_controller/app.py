@@ -19,15 +19,15 @@ from hotseat_common.metrics import PoolMetrics
 from hotseat_common.service import Readiness, ops_router
 from hotseat_common.subjects import Subjects
 from hotseat_pool_controller.admin import admin_router
+from hotseat_pool_controller.decisions.model import PoolPolicy
 from hotseat_pool_controller.drivers import build_driver
 from hotseat_pool_controller.events import Announcer
 from hotseat_pool_controller.handlers import ActivationHandlers
 from hotseat_pool_controller.pools import PoolRuntime
-from hotseat_pool_controller.redis_link import RedisLink
 from hotseat_pool_controller.settings import ControllerSettings
-from hotseat_pool_controller.state import PoolPolicy
-from hotseat_pool_controller.store import PoolStore
-from hotseat_pool_controller.store_health import StoreHealth
+from hotseat_pool_controller.store.health import StoreHealth
+from hotseat_pool_controller.store.link import RedisLink
+from hotseat_pool_controller.store.pool import PoolStore
 
 log = get_logger(__name__)
 

@@ -11,7 +11,7 @@ from hotseat_common.logging import get_logger
 from hotseat_common.messages import PoolStateChanged, pool_event
 from hotseat_common.metrics import PoolMetrics
 from hotseat_common.subjects import Subjects
-from hotseat_pool_controller.state import AuditIntent, PoolSnapshot
+from hotseat_pool_controller.decisions.model import AuditIntent, PoolSnapshot
 
 log = get_logger(__name__)
 

@@ -34,8 +34,8 @@ from hotseat_common.messages import (
 )
 from hotseat_common.subjects import CONTROLLER_QUEUE_GROUP, Subjects
 from hotseat_pool_controller.pools import PoolRuntime
-from hotseat_pool_controller.store import ConflictError, Renewal
-from hotseat_pool_controller.store_health import StoreHealth
+from hotseat_pool_controller.store.health import StoreHealth
+from hotseat_pool_controller.store.pool import ConflictError, Renewal
 
 log = get_logger(__name__)
 

@@ -1,6 +1,6 @@
 """One pool as this controller replica sees it: answers requests, supervises, runs swaps.
 
-Everything durable is in Redis (:class:`~.store.PoolStore`); what a replica keeps in
+Everything durable is in Redis (:class:`~.store.pool.PoolStore`); what a replica keeps in
 memory (its running swap tasks, a health-failure counter) any other replica can rebuild.
 """
 
@@ -22,9 +22,9 @@ from hotseat_common.messages import (
     PoolOutcome,
     RenewRequest,
 )
-from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
-from hotseat_pool_controller.events import Announcer
-from hotseat_pool_controller.state import (
+from hotseat_pool_controller.decisions.acquire import decide_acquire
+from hotseat_pool_controller.decisions.admin import decide_admin_swap, decide_admin_unload
+from hotseat_pool_controller.decisions.model import (
     NOTHING,
     AcquireAsk,
     AuditIntent,
@@ -34,16 +34,17 @@ from hotseat_pool_controller.state import (
     PoolSnapshot,
     Reply,
     SwapOrder,
-    decide_acquire,
-    decide_admin_swap,
-    decide_admin_unload,
+)
+from hotseat_pool_controller.decisions.recovery import (
     decide_rebuild,
     decide_resident_health,
     decide_resident_lost,
-    decide_tick,
-    next_epoch,
 )
-from hotseat_pool_controller.store import ConflictError, PoolStore, Renewed
+from hotseat_pool_controller.decisions.start import next_epoch
+from hotseat_pool_controller.decisions.tick import decide_tick
+from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
+from hotseat_pool_controller.events import Announcer
+from hotseat_pool_controller.store.pool import ConflictError, PoolStore, Renewed
 from hotseat_pool_controller.swap import SwapRunner
 
 log = get_logger(__name__)

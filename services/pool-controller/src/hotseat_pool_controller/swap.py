@@ -18,20 +18,22 @@ from collections.abc import Awaitable, Callable
 from redis.exceptions import RedisError
 
 from hotseat_common.logging import get_logger
-from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
-from hotseat_pool_controller.state import (
+from hotseat_pool_controller.decisions.model import (
     NOTHING,
     Decision,
     Phase,
     PoolPolicy,
     PoolSnapshot,
     SwapOrder,
+)
+from hotseat_pool_controller.decisions.swap import (
     decide_begin_load,
     decide_commit,
     decide_fail,
     decide_heartbeat,
 )
-from hotseat_pool_controller.store import PoolStore
+from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
+from hotseat_pool_controller.store.pool import PoolStore
 
 log = get_logger(__name__)
 

@@ -20,7 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from hotseat_common.logging import get_logger
-from hotseat_pool_controller.redis_link import RedisLink
+from hotseat_pool_controller.store.link import RedisLink
 
 log = get_logger(__name__)
 

@@ -239,7 +239,7 @@ GRANT_FAST = (
     _NOW
     + """
 -- The common case in one round trip: the member is resident and no swap unwinds it.
--- Exactly the grant branch of state.decide_acquire; anything else answers 0 and the
+-- Exactly the grant branch of decisions.acquire; anything else answers 0 and the
 -- caller takes the general path (snapshot, pure decision, compare-and-apply).
 local st = redis.call('HMGET', KEYS[1], 'phase', 'resident', 'epoch', 'unhealthy', 'store')
 if (st[1] ~= 'idle' and st[1] ~= 'draining') or st[2] ~= ARGV[1] then return {0} end

@@ -1,0 +1,120 @@
+"""Admin actions: an operator forces a member in, or empties the GPU. Refused while a swap
+runs or the incumbent serves (live leases, or busy ``/slots`` under
+``busySignal: leasesAndSlots``)."""
+
+from __future__ import annotations
+
+from hotseat_common.errors import ErrorCode
+from hotseat_common.messages import ErrorReply, WaitReason, WaitReply
+from hotseat_pool_controller.decisions.busy import needs_slots
+from hotseat_pool_controller.decisions.hold import retry_after_s
+from hotseat_pool_controller.decisions.model import (
+    IN_FLIGHT,
+    Decision,
+    Phase,
+    PoolPolicy,
+    PoolSnapshot,
+)
+from hotseat_pool_controller.decisions.start import start_swap
+
+
+def decide_admin_swap(
+    snap: PoolSnapshot,
+    member: str,
+    controller: str,
+    policy: PoolPolicy,
+    *,
+    slots_busy: bool | None = None,
+) -> Decision:
+    """An operator forces ``member`` in."""
+    if member not in policy.members:
+        return Decision(
+            reply=ErrorReply(code=ErrorCode.UNKNOWN_MEMBER, message=f"no member {member!r}")
+        )
+    if (refused := _in_flight(snap)) is not None:
+        return refused
+    if snap.resident == member:
+        return Decision(
+            reply=WaitReply(
+                reason=WaitReason.SWAP_IN_FLIGHT, target=None, epoch=snap.epoch, retry_after_s=0
+            )
+        )
+    return _start(snap, policy, controller, target=member, reason="admin", slots_busy=slots_busy)
+
+
+def decide_admin_unload(
+    snap: PoolSnapshot, controller: str, policy: PoolPolicy, *, slots_busy: bool | None = None
+) -> Decision:
+    """An operator empties the GPU: unload the resident, then stay cold until demand."""
+    if (refused := _in_flight(snap)) is not None:
+        return refused
+    return _start(
+        snap, policy, controller, target=None, reason="admin_unload", slots_busy=slots_busy
+    )
+
+
+def _in_flight(snap: PoolSnapshot) -> Decision | None:
+    if snap.phase == Phase.UNKNOWN or snap.phase in IN_FLIGHT:
+        return Decision(
+            reply=ErrorReply(code=ErrorCode.SWAP_IN_FLIGHT, message=f"pool is {snap.phase.value}")
+        )
+    return None
+
+
+def _start(
+    snap: PoolSnapshot,
+    policy: PoolPolicy,
+    controller: str,
+    *,
+    target: str | None,
+    reason: str,
+    slots_busy: bool | None,
+) -> Decision:
+    refused = _refusal(snap, policy, slots_busy)
+    if refused is not None:
+        return refused
+    # An operator's action ignores waiters: only the incumbent's leases guard it.
+    start = start_swap(
+        snap, policy, controller, target, reason=reason, forced=True, guard_waiters=False
+    )
+    return Decision(
+        reply=WaitReply(
+            reason=WaitReason.SWAP_IN_FLIGHT,
+            target=target,
+            epoch=start.order.epoch,
+            retry_after_s=retry_after_s(snap),
+        ),
+        ops=(start.state,),
+        pre=start.guard,
+        swap=start.order,
+        audit=(start.audit,),
+    )
+
+
+def _refusal(snap: PoolSnapshot, policy: PoolPolicy, slots_busy: bool | None) -> Decision | None:
+    """Why an admin swap or unload must not cut the incumbent now (None: it may)."""
+    if snap.live_leases(snap.resident) > 0:
+        return Decision(
+            reply=ErrorReply(
+                code=ErrorCode.INCUMBENT_BUSY,
+                message=f"{snap.resident} holds {snap.live_leases(snap.resident)} live lease(s)",
+            )
+        )
+    if snap.serving(snap.resident):
+        return Decision(
+            reply=ErrorReply(
+                code=ErrorCode.INCUMBENT_BUSY,
+                message=f"{snap.resident} may still serve: the store lost its leases and is "
+                "relearning them (one lease TTL after the rebuild)",
+            )
+        )
+    if needs_slots(snap, policy, slots_busy):
+        return Decision(need_idle_check=snap.resident)
+    if slots_busy is True and snap.resident is not None:
+        return Decision(
+            reply=ErrorReply(
+                code=ErrorCode.INCUMBENT_BUSY,
+                message=f"{snap.resident}'s /slots reports requests in progress",
+            )
+        )
+    return None

@@ -1,0 +1,305 @@
+"""What pool decisions read and return: a snapshot of one pool in, a decision out.
+
+A :class:`Decision` is what to answer, which writes to make, and the preconditions the
+decision relied on; :class:`~hotseat_pool_controller.store.pool.PoolStore` applies it
+atomically and asks again from a fresh snapshot when a precondition no longer holds. How
+each piece is kept in Redis is the store's codec's business
+(:mod:`hotseat_pool_controller.store.codec`). See docs/adr/0001.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from hotseat_common.config.model import BusySignal, Pool, PoolActivation
+from hotseat_common.messages import (
+    AcquireRequest,
+    ErrorReply,
+    Granted,
+    IncumbentBusyReply,
+    PoolOutcome,
+    WaitReply,
+)
+
+
+class Phase(StrEnum):
+    UNKNOWN = "unknown"
+    IDLE = "idle"
+    DRAINING = "draining"
+    UNLOADING = "unloading"
+    LOADING = "loading"
+
+
+IN_FLIGHT = frozenset({Phase.UNLOADING, Phase.LOADING})
+"""A swap in flight: from the incumbent's unload until the target is ready."""
+SERVING = frozenset({Phase.IDLE, Phase.DRAINING})
+"""The resident serves (sticky residency: granted in both)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPolicy:
+    """The parts of a pool's config (and the controller's timing) that decisions use."""
+
+    name: str
+    members: tuple[str, ...]
+    max_waiters: int
+    lease_ttl_ms: int
+    swap_timeout_ms: int
+    failure_backoff_ms: int
+    busy_signal: BusySignal
+    default: str | None
+    heartbeat_ttl_ms: int = 3000
+    waiter_grace_ms: int = 5000
+    """After a swap, the new resident's waiters count as busy this long (they are re-asking
+    right now); later, a waiter left behind by a dead router no longer pins the resident."""
+
+    @classmethod
+    def from_config(cls, pool: Pool, *, heartbeat_ttl_s: float = 3.0) -> PoolPolicy:
+        return cls(
+            name=pool.name,
+            members=tuple(m.name for m in pool.members),
+            max_waiters=pool.max_waiters,
+            lease_ttl_ms=int(pool.lease_ttl * 1000),
+            swap_timeout_ms=int(pool.swap_timeout * 1000),
+            failure_backoff_ms=int(pool.swap_failure_backoff * 1000),
+            busy_signal=pool.busy_signal,
+            default=pool.default,
+            heartbeat_ttl_ms=int(heartbeat_ttl_s * 1000),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptLease:
+    """The lease an attempt already holds (a re-asked acquire gets it again)."""
+
+    member: str
+    lease_id: str
+    epoch: int
+    expiry_ms: int = 0
+    """When the lease expires unless renewed (Redis clock); 0: unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """One pool as read in one round trip; counts are of live entries only."""
+
+    now_ms: int
+    phase: Phase
+    resident: str | None = None
+    target: str | None = None
+    from_member: str | None = None
+    epoch: int = 0
+    version: int = 0
+    owner: str | None = None
+    heartbeat_ms: int = 0
+    started_ms: int = 0
+    deadline_ms: int = 0
+    committed_ms: int = 0
+    """When the resident became resident (Redis clock)."""
+    forced: bool = False
+    parked: bool = False
+    """An admin unloaded the pool: do not warm the default member until demand arrives."""
+    unhealthy: bool = False
+    """The resident failed its health checks while it still served (docs/adr/0005)."""
+    relearn_ms: int = 0
+    """Until then (Redis clock) the resident counts as busy: the store lost its leases and
+    routers are renewing them back (docs/adr/0005)."""
+    leases: Mapping[str, int] = field(default_factory=dict)
+    waiters: Mapping[str, int] = field(default_factory=dict)
+    failures: Mapping[str, int] = field(default_factory=dict)
+    """member -> milliseconds left of its swap-failure backoff."""
+    swap_times: tuple[float, ...] = ()
+    attempt_lease: AttemptLease | None = None
+    attempt_waiting: bool = False
+    """The asking attempt is one of the pool's live waiters already."""
+
+    def live_leases(self, member: str | None) -> int:
+        return self.leases.get(member, 0) if member else 0
+
+    @property
+    def relearning(self) -> bool:
+        return self.relearn_ms > self.now_ms
+
+    def serving(self, member: str | None) -> bool:
+        """``member`` has live leases, or may have ones the store is still relearning."""
+        return member is not None and (
+            self.live_leases(member) > 0 or (self.relearning and member == self.resident)
+        )
+
+    def live_waiters(self, member: str | None) -> int:
+        return self.waiters.get(member, 0) if member else 0
+
+    @property
+    def total_waiters(self) -> int:
+        return sum(self.waiters.values())
+
+
+# --- writes ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SetState:
+    """New values for some fields of the pool's state, as the store keeps them (made by
+    :func:`hotseat_pool_controller.store.codec.set_state` from typed values); ``bump``
+    moves the state's ``version``."""
+
+    fields: Mapping[str, str]
+    bump: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class AddLease:
+    member: str
+    lease_id: str
+    expiry_ms: int
+    attempt: str
+    request_id: str
+    """The client's request id (audit only)."""
+    router: str
+    epoch: int
+    """The epoch it was granted at (a renewal after the store lost it is adopted by it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AddWaiter:
+    member: str
+    attempt: str
+    deadline_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveWaiter:
+    member: str
+    attempt: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClearWaiters:
+    member: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetFailure:
+    member: str
+    reason: str
+    ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSwapTime:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RevokeLeases:
+    """Drop every lease on ``member``: renewals are refused, routers end their streams."""
+
+    member: str
+
+
+Op = (
+    SetState
+    | AddLease
+    | AddWaiter
+    | RemoveWaiter
+    | ClearWaiters
+    | SetFailure
+    | RecordSwapTime
+    | RevokeLeases
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Preconditions:
+    """What must still hold when the writes are applied."""
+
+    version: int | None = None
+    state_equals: Mapping[str, str] = field(default_factory=dict)
+    state_unknown: bool = False
+    """The state hash is missing, or was written on another Redis server (only a rebuild
+    writes then); otherwise every decision requires a state written on this server."""
+    zero_leases: tuple[str, ...] = ()
+    zero_waiters: tuple[str, ...] = ()
+    waiter_cap: int | None = None
+    """Total live waiters of the pool must stay below this."""
+    over_cap: ErrorReply | None = None
+    """The answer when ``waiter_cap`` is reached by the time the writes would land."""
+
+
+@dataclass(frozen=True, slots=True)
+class SwapOrder:
+    """Tells the caller to run (or resume) a swap as its owner."""
+
+    target: str
+    epoch: int
+    from_member: str | None
+    resume: bool = False
+    loading: bool = False
+    """Resumed in ``loading``: the target's load began under an earlier owner."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditIntent:
+    outcome: PoolOutcome
+    member: str | None = None
+    from_member: str | None = None
+    to_member: str | None = None
+    epoch: int | None = None
+    reason: str | None = None
+    request_id: str | None = None
+
+
+Reply = Granted | IncumbentBusyReply | WaitReply | ErrorReply
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    reply: Reply | None = None
+    ops: tuple[Op, ...] = ()
+    pre: Preconditions = Preconditions()
+    swap: SwapOrder | None = None
+    audit: tuple[AuditIntent, ...] = ()
+    need_idle_check: str | None = None
+    """Member whose ``/slots`` must be consulted before deciding (busySignal leasesAndSlots)."""
+
+    @property
+    def writes(self) -> bool:
+        return bool(self.ops)
+
+    @property
+    def changes_state(self) -> bool:
+        return any(isinstance(op, SetState) and op.bump for op in self.ops)
+
+
+NOTHING = Decision()
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireAsk:
+    member: str
+    mode: PoolActivation
+    attempt: str
+    """The router's attempt: the key of the waiter and the lease."""
+    request_id: str
+    """The client's request id (audit only)."""
+    router: str
+    deadline_ms: int
+    """When the router stops holding the request (Redis clock)."""
+    lease_id: str
+    """A fresh id the decision may use if it grants."""
+
+    @classmethod
+    def of(cls, request: AcquireRequest, *, now_ms: int, lease_id: str) -> AcquireAsk:
+        """The router sends how long it holds the request; the deadline is anchored to the
+        store's clock here (``now_ms``, Redis ``TIME``), never to any router's."""
+        return cls(
+            member=request.member,
+            mode=request.mode,
+            attempt=request.attempt,
+            request_id=request.request_id,
+            router=request.router,
+            deadline_ms=now_ms + int(request.hold_s * 1000),
+            lease_id=lease_id,
+        )

@@ -1,0 +1,84 @@
+"""Starting a swap: the pool moves to ``unloading`` under a new epoch, claimed by the
+controller that decided it, on the condition that the incumbent still serves nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hotseat_common.messages import PoolOutcome
+from hotseat_pool_controller.decisions.busy import just_committed
+from hotseat_pool_controller.decisions.model import (
+    AuditIntent,
+    Phase,
+    PoolPolicy,
+    PoolSnapshot,
+    Preconditions,
+    SetState,
+    SwapOrder,
+)
+from hotseat_pool_controller.store.codec import set_state
+
+
+def next_epoch(snap: PoolSnapshot) -> int:
+    """Strictly above the last epoch, and above any epoch issued before Redis lost data."""
+    return max(snap.epoch + 1, snap.now_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class SwapStart:
+    state: SetState
+    guard: Preconditions
+    """The state read, and an incumbent that still has no live lease (and, right after
+    its commit, no waiter)."""
+    order: SwapOrder
+    audit: AuditIntent
+
+
+def start_swap(
+    snap: PoolSnapshot,
+    policy: PoolPolicy,
+    controller: str,
+    target: str | None,
+    *,
+    reason: str,
+    forced: bool = False,
+    guard_waiters: bool = True,
+) -> SwapStart:
+    """Unload the incumbent, then load ``target`` (``None``: an admin unload, after which
+    the pool stays cold). ``forced``: load even without waiters (a warm-up, an admin
+    swap). ``guard_waiters``: the resident's waiters just after its commit count as
+    busy (an admin action, which ignores waiters, passes False)."""
+    epoch = next_epoch(snap)
+    unload_only = target is None
+    state = set_state(
+        phase=Phase.UNLOADING,
+        target=target,
+        from_member=snap.resident,
+        resident=snap.resident,
+        epoch=epoch,
+        owner=controller,
+        heartbeat_ms=snap.now_ms + policy.heartbeat_ttl_ms,
+        started_ms=snap.now_ms,
+        deadline_ms=snap.now_ms + policy.swap_timeout_ms,
+        forced=forced or unload_only,
+        parked=unload_only,
+        unhealthy=False,
+        relearn_ms=None,
+    )
+    busy_guard = (snap.resident,) if snap.resident else ()
+    # The resident's waiters count as busy only just after its commit (incumbent_busy);
+    # later they are strays (a router that died while held) and the decision ignores
+    # them, so the precondition must too: requiring zero would fail every attempt until
+    # the stray's deadline, and every decision for the pool would lose all its races.
+    waiter_guard = busy_guard if guard_waiters and just_committed(snap, policy) else ()
+    guard = Preconditions(version=snap.version, zero_leases=busy_guard, zero_waiters=waiter_guard)
+    audit = AuditIntent(
+        PoolOutcome.SWAP_STARTED,
+        member=target or snap.resident,
+        from_member=snap.resident,
+        to_member=target,
+        epoch=epoch,
+        reason=reason,
+    )
+    order = SwapOrder(target=target or "", epoch=epoch, from_member=snap.resident)
+    return SwapStart(state, guard, order, audit)

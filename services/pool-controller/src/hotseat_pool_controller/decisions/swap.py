@@ -1,0 +1,146 @@
+"""The steps of a swap, taken by its owner: keep the claim, begin the load (or cancel a
+swap whose demand left before it), commit the target, or fail. Each step answers
+``None`` once the swap is no longer the asking controller's (another one took it over)."""
+
+from __future__ import annotations
+
+from hotseat_common.messages import PoolOutcome
+from hotseat_pool_controller.decisions.model import (
+    IN_FLIGHT,
+    NOTHING,
+    AuditIntent,
+    ClearWaiters,
+    Decision,
+    Phase,
+    PoolPolicy,
+    PoolSnapshot,
+    Preconditions,
+    RecordSwapTime,
+    SetFailure,
+    SetState,
+)
+from hotseat_pool_controller.store.codec import owned_by, set_state
+
+
+def _owns(snap: PoolSnapshot, epoch: int, controller: str) -> bool:
+    return snap.phase in IN_FLIGHT and snap.epoch == epoch and snap.owner == controller
+
+
+def _still_owned(epoch: int, controller: str) -> Preconditions:
+    return Preconditions(state_equals=owned_by(epoch, controller))
+
+
+def decide_heartbeat(
+    snap: PoolSnapshot, policy: PoolPolicy, epoch: int, controller: str
+) -> Decision | None:
+    """Extend the owner's claim; ``None`` when the swap is no longer ours."""
+    if not _owns(snap, epoch, controller):
+        return None
+    return Decision(
+        ops=(set_state(heartbeat_ms=snap.now_ms + policy.heartbeat_ttl_ms, bump=False),),
+        pre=_still_owned(epoch, controller),
+    )
+
+
+def decide_begin_load(snap: PoolSnapshot, epoch: int, controller: str) -> Decision | None:
+    """After the unloads: load the target, or cancel if its demand is gone."""
+    if not _owns(snap, epoch, controller):
+        return None
+    if snap.phase == Phase.LOADING:
+        return NOTHING  # taken over mid-load: the load that started runs to completion
+    if snap.target is not None and not snap.forced and snap.live_waiters(snap.target) == 0:
+        return Decision(
+            ops=(_cold_state(),),
+            pre=Preconditions(
+                state_equals=owned_by(epoch, controller), zero_waiters=(snap.target,)
+            ),
+            audit=(
+                AuditIntent(
+                    PoolOutcome.SWAP_CANCELLED,
+                    member=snap.target,
+                    from_member=snap.from_member,
+                    to_member=snap.target,
+                    epoch=epoch,
+                    reason="demand_gone_before_load",
+                ),
+            ),
+        )
+    # An unload-only swap (admin) has nothing to load: it goes straight on to its commit.
+    return Decision(ops=(set_state(phase=Phase.LOADING),), pre=_still_owned(epoch, controller))
+
+
+def _cold_state() -> SetState:
+    return set_state(
+        phase=Phase.IDLE, resident=None, target=None, from_member=None, owner=None, forced=False
+    )
+
+
+def decide_commit(snap: PoolSnapshot, epoch: int, controller: str) -> Decision | None:
+    """The target is ready (or, unload-only, everything is gone): it becomes the resident."""
+    if not _owns(snap, epoch, controller):
+        return None
+    seconds = max(0.0, (snap.now_ms - snap.started_ms) / 1000)
+    return Decision(
+        ops=(
+            set_state(
+                phase=Phase.IDLE,
+                resident=snap.target,
+                target=None,
+                from_member=None,
+                owner=None,
+                forced=False,
+                unhealthy=False,
+                committed_ms=snap.now_ms,
+            ),
+            RecordSwapTime(seconds),
+        ),
+        pre=_still_owned(epoch, controller),
+        audit=(
+            AuditIntent(
+                PoolOutcome.SWAP_COMPLETED,
+                member=snap.target,
+                from_member=snap.from_member,
+                to_member=snap.target,
+                epoch=epoch,
+            ),
+        ),
+    )
+
+
+def decide_fail(
+    snap: PoolSnapshot, policy: PoolPolicy, epoch: int, controller: str, reason: str
+) -> Decision | None:
+    """The swap failed or timed out (the target is already unloaded): pool cold, waiters told."""
+    if not _owns(snap, epoch, controller):
+        return None
+    if snap.target is None:  # an unload-only swap failed: nothing is known to be resident
+        return Decision(
+            ops=(_cold_state(),),
+            pre=_still_owned(epoch, controller),
+            audit=(
+                AuditIntent(
+                    PoolOutcome.SWAP_FAILED,
+                    from_member=snap.from_member,
+                    epoch=epoch,
+                    reason=reason,
+                ),
+            ),
+        )
+    return Decision(
+        ops=(
+            _cold_state(),
+            ClearWaiters(snap.target),
+            SetFailure(snap.target, reason, policy.failure_backoff_ms),
+        ),
+        pre=_still_owned(epoch, controller),
+        audit=(
+            AuditIntent(
+                PoolOutcome.SWAP_FAILED,
+                member=snap.target,
+                from_member=snap.from_member,
+                to_member=snap.target,
+                epoch=epoch,
+                reason=reason,
+            ),
+        ),
+    )

@@ -1,0 +1,288 @@
+"""The pool state's layout in Redis, the one place it is spelled (with the Lua scripts that
+read it, :mod:`.scripts`): typed state changes encoded to the ``state`` hash, and snapshots
+decoded from what the snapshot script returns.
+
+The ``state`` hash, per pool (docs/adr/0001 has the meaning of each field):
+
+    phase      idle | draining | unloading | loading
+    resident   the member holding the GPU ("" when none)
+    target     the member a swap (or a drain) is for
+    from       the member a swap started from
+    epoch      the swap's fencing token          version  bumped by every transition
+    owner      the controller running the swap   heartbeat   its claim's expiry (ms)
+    started    when the swap began (ms)          deadline    its swapTimeout (ms)
+    committed  when the resident became resident (ms)
+    forced     "1": a warm-up or admin swap, loaded without waiters
+    parked     "1": an admin unload; the default member is not warmed
+    unhealthy  "1": the resident fails its health checks while it serves
+    relearn    until then (ms) the resident counts as busy: the store lost its leases
+    store      the ``run_id`` of the Redis server the state was written on (scripts only)
+
+All times are on Redis's clock. A lease's record in ``lease-meta`` is the JSON object
+``{member, attempt, request_id, router, epoch}`` (``adopted`` when a renewal wrote it back).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Final
+
+import orjson
+
+from hotseat_common.keys import Keys
+from hotseat_pool_controller.decisions.model import (
+    AddLease,
+    AddWaiter,
+    AttemptLease,
+    ClearWaiters,
+    Op,
+    Phase,
+    PoolSnapshot,
+    Preconditions,
+    RecordSwapTime,
+    RemoveWaiter,
+    RevokeLeases,
+    SetFailure,
+    SetState,
+)
+
+SWAP_TIMES_KEPT = 10
+
+
+class _Keep(Enum):
+    KEEP = "keep"
+
+
+KEEP: Final = _Keep.KEEP
+"""The field keeps its value (the default of every :func:`set_state` argument)."""
+
+_TRUE = "1"
+_EMPTY = ""
+
+
+def set_state(
+    *,
+    phase: Phase | _Keep = KEEP,
+    resident: str | _Keep | None = KEEP,
+    target: str | _Keep | None = KEEP,
+    from_member: str | _Keep | None = KEEP,
+    epoch: int | _Keep = KEEP,
+    owner: str | _Keep | None = KEEP,
+    heartbeat_ms: int | _Keep = KEEP,
+    started_ms: int | _Keep = KEEP,
+    deadline_ms: int | _Keep = KEEP,
+    committed_ms: int | _Keep = KEEP,
+    forced: bool | _Keep = KEEP,
+    parked: bool | _Keep = KEEP,
+    unhealthy: bool | _Keep = KEEP,
+    relearn_ms: int | _Keep | None = KEEP,
+    bump: bool = True,
+) -> SetState:
+    """A change of some fields of the pool state (named as :class:`PoolSnapshot` names
+    them; ``None`` clears one); ``bump`` moves the state's ``version``."""
+    values: dict[str, object] = {
+        "phase": phase,
+        "resident": resident,
+        "target": target,
+        "from": from_member,
+        "epoch": epoch,
+        "owner": owner,
+        "heartbeat": heartbeat_ms,
+        "started": started_ms,
+        "deadline": deadline_ms,
+        "committed": committed_ms,
+        "forced": forced,
+        "parked": parked,
+        "unhealthy": unhealthy,
+        "relearn": relearn_ms,
+    }
+    fields = {name: _encode(value) for name, value in values.items() if value is not KEEP}
+    return SetState(fields, bump=bump)
+
+
+def owned_by(epoch: int, controller: str) -> Mapping[str, str]:
+    """The state fields that say a swap is still ``controller``'s at ``epoch`` (a
+    precondition of every step its owner takes)."""
+    return {"epoch": str(epoch), "owner": controller}
+
+
+def _encode(value: object) -> str:
+    if value is None or value is False:
+        return _EMPTY
+    if value is True:
+        return _TRUE
+    if isinstance(value, Phase):
+        return value.value
+    return str(value)
+
+
+def _lease_meta(op: AddLease) -> str:
+    """The lease's record in ``lease-meta`` (the scripts read ``member`` and ``attempt``)."""
+    return json.dumps(
+        {
+            "member": op.member,
+            "attempt": op.attempt,
+            "request_id": op.request_id,
+            "router": op.router,
+            "epoch": op.epoch,
+        }
+    )
+
+
+def expired_lease_owner(meta: str) -> tuple[str | None, str | None]:
+    """``(client request id, router)`` of an expired lease's record ("" when unknown)."""
+    record = orjson.loads(meta) if meta else {}
+    return record.get("request_id"), record.get("router")
+
+
+def decode_snapshot(raw: Mapping[str, Any]) -> PoolSnapshot:
+    """A :class:`PoolSnapshot` from the snapshot script's reply."""
+    flat = raw.get("state") or []
+    state = dict(zip(flat[::2], flat[1::2], strict=True)) if isinstance(flat, list) else {}
+    members = _array(raw.get("members"))
+    lease = raw.get("lease")
+    stale = bool(raw.get("stale"))
+    phase = Phase(state["phase"]) if state.get("phase") and not stale else Phase.UNKNOWN
+    return PoolSnapshot(
+        now_ms=int(raw["now"]),
+        phase=phase,
+        resident=state.get("resident") or None,
+        target=state.get("target") or None,
+        from_member=state.get("from") or None,
+        epoch=int(state.get("epoch") or 0),
+        version=int(state.get("version") or 0),
+        owner=state.get("owner") or None,
+        heartbeat_ms=int(state.get("heartbeat") or 0),
+        started_ms=int(state.get("started") or 0),
+        deadline_ms=int(state.get("deadline") or 0),
+        committed_ms=int(state.get("committed") or 0),
+        forced=bool(state.get("forced")),
+        parked=bool(state.get("parked")),
+        unhealthy=bool(state.get("unhealthy")),
+        relearn_ms=int(state.get("relearn") or 0),
+        leases={m["name"]: int(m["leases"]) for m in members},
+        waiters={m["name"]: int(m["waiters"]) for m in members},
+        failures={m["name"]: int(m["failure"]) for m in members if int(m["failure"]) > 0},
+        swap_times=tuple(float(s) for s in _array(raw.get("swap_times"))),
+        attempt_lease=(
+            AttemptLease(
+                member=lease["member"],
+                lease_id=lease["id"],
+                epoch=int(lease["epoch"]),
+                expiry_ms=int(float(lease.get("expiry") or 0)),
+            )
+            if isinstance(lease, dict)
+            else None
+        ),
+        attempt_waiting=any(int(m.get("waiting", 0)) for m in members),
+    )
+
+
+def _array(value: object) -> list[Any]:
+    """A Lua array from cjson, which encodes an empty one as ``{}``."""
+    return value if isinstance(value, list) else []
+
+
+@dataclass(frozen=True, slots=True)
+class MemberKeys:
+    name: str
+    leases: str
+    waiters: str
+    failure: str
+
+
+class PoolKeys:
+    """Every key of one pool (names from :class:`hotseat_common.keys.Keys`); all share the
+    pool's hash tag, so a script may touch them together on a Redis Cluster too."""
+
+    def __init__(self, keys: Keys, pool: str, members: tuple[str, ...]) -> None:
+        self.state = keys.pool_state(pool)
+        self.lease_meta = keys.pool_lease_meta(pool)
+        self.attempt_leases = keys.pool_attempt_leases(pool)
+        self.swap_times = keys.pool_swap_times(pool)
+        self.members = {
+            m: MemberKeys(
+                m, keys.pool_leases(pool, m), keys.pool_waiters(pool, m), keys.pool_failure(pool, m)
+            )
+            for m in members
+        }
+        self.all = [self.state, self.lease_meta, self.attempt_leases, self.swap_times]
+        for m in self.members.values():
+            self.all += [m.leases, m.waiters, m.failure]
+
+    def member_specs(self) -> list[dict[str, str]]:
+        """Each member's keys, as the scripts that take a JSON spec read them."""
+        return [
+            {"name": m.name, "leases": m.leases, "waiters": m.waiters, "failure": m.failure}
+            for m in self.members.values()
+        ]
+
+
+def encode_pre(pre: Preconditions, keys: PoolKeys) -> dict[str, Any]:
+    """The preconditions as the apply script checks them."""
+    spec: dict[str, Any] = {
+        "state_equals": dict(pre.state_equals),
+        "zero_leases": [keys.members[m].leases for m in pre.zero_leases],
+        "zero_waiters": [keys.members[m].waiters for m in pre.zero_waiters],
+    }
+    if pre.state_unknown:
+        spec["state_unknown"] = True
+    if pre.version is not None:
+        spec["version"] = pre.version
+    if pre.waiter_cap is not None:
+        spec["waiter_cap"] = pre.waiter_cap
+        spec["waiter_keys"] = [m.waiters for m in keys.members.values()]
+    return spec
+
+
+def encode_op(op: Op, keys: PoolKeys) -> dict[str, Any]:  # noqa: PLR0911 - one case per op kind
+    """One write as the apply script performs it."""
+    match op:
+        case SetState(fields=fields, bump=bump):
+            return {"op": "hset", "fields": dict(fields), "bump": bump}
+        case AddLease():
+            return {
+                "op": "lease",
+                "key": keys.members[op.member].leases,
+                "expiry": op.expiry_ms,
+                "id": op.lease_id,
+                "meta_key": keys.lease_meta,
+                "meta": _lease_meta(op),
+                "attempt_key": keys.attempt_leases,
+                "attempt": op.attempt,
+            }
+        case AddWaiter():
+            return {
+                "op": "zadd",
+                "key": keys.members[op.member].waiters,
+                "score": op.deadline_ms,
+                "member": op.attempt,
+            }
+        case RemoveWaiter():
+            return {"op": "zrem", "key": keys.members[op.member].waiters, "member": op.attempt}
+        case ClearWaiters():
+            return {"op": "del", "key": keys.members[op.member].waiters}
+        case SetFailure():
+            return {
+                "op": "setpx",
+                "key": keys.members[op.member].failure,
+                "value": op.reason,
+                "px": op.ttl_ms,
+            }
+        case RecordSwapTime():
+            return {
+                "op": "lpush_trim",
+                "key": keys.swap_times,
+                "value": f"{op.seconds:.3f}",
+                "keep": SWAP_TIMES_KEPT,
+            }
+        case RevokeLeases():
+            return {
+                "op": "revoke",
+                "key": keys.members[op.member].leases,
+                "meta_key": keys.lease_meta,
+                "attempt_key": keys.attempt_leases,
+            }

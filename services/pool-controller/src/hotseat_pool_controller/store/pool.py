@@ -1,0 +1,249 @@
+"""The pool store: reads one pool's state in one round trip, applies a decision with one
+compare-and-apply script, and runs the lease scripts (renew, release, cancel, reap).
+
+It applies and reports; it decides nothing: every answer comes from a pure decision
+(:mod:`hotseat_pool_controller.decisions`), every field and key name from
+:mod:`.codec`, every script from :mod:`.scripts`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+import orjson
+
+from hotseat_common.keys import Keys
+from hotseat_common.messages import Granted, PoolView
+from hotseat_pool_controller.decisions.model import Decision, Phase, PoolPolicy, PoolSnapshot
+from hotseat_pool_controller.store import scripts
+from hotseat_pool_controller.store.codec import (
+    PoolKeys,
+    decode_snapshot,
+    encode_op,
+    encode_pre,
+    expired_lease_owner,
+)
+from hotseat_pool_controller.store.link import LuaScript, RedisLink
+
+MAX_ATTEMPTS = 50
+
+
+class Applied(Enum):
+    OK = 1
+    CONFLICT = 0
+    QUEUE_FULL = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    removed: bool
+    may_move: bool
+    """The release can let the pool move (drain finished, waiters left)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredLease:
+    lease_id: str
+    member: str
+    request_id: str | None
+    router: str | None
+
+
+class Renewal(Enum):
+    RENEWED = 1
+    GONE = 0
+    UNKNOWN = -1
+    """The store cannot tell (its state is unknown, a rebuild is due): not a refusal."""
+
+
+@dataclass(frozen=True, slots=True)
+class Renewed:
+    outcome: Renewal
+    shareable: bool = True
+
+
+class ConflictError(RuntimeError):
+    """A decision kept losing races; should not happen outside pathological contention."""
+
+
+class PoolStore:
+    def __init__(self, link: RedisLink, keys: Keys, policy: PoolPolicy) -> None:
+        self.link = link
+        self.keys = keys
+        self.policy = policy
+        self._keys = PoolKeys(keys, policy.name, policy.members)
+        self._snapshot = LuaScript(scripts.SNAPSHOT)
+        self._apply = LuaScript(scripts.APPLY)
+        self._renew = LuaScript(scripts.RENEW)
+        self._release = LuaScript(scripts.RELEASE)
+        self._reap = LuaScript(scripts.REAP)
+        self._grant_fast = LuaScript(scripts.GRANT_FAST)
+        self._cancel = LuaScript(scripts.CANCEL)
+
+    # --- reads --------------------------------------------------------------------
+
+    async def snapshot(self, attempt: str = "") -> PoolSnapshot:
+        """The pool, and (``attempt`` given) whether that attempt waits or holds a lease."""
+        k = self._keys
+        spec = {
+            "state": k.state,
+            "members": k.member_specs(),
+            "attempt": attempt,
+            "attempt_leases": k.attempt_leases,
+            "lease_meta": k.lease_meta,
+            "lease_keys": {m.name: m.leases for m in k.members.values()},
+            "swap_times": k.swap_times,
+        }
+        raw = await self.link.script(
+            self._snapshot, keys=k.all, args=[orjson.dumps(spec)], identified=True
+        )
+        return decode_snapshot(orjson.loads(raw))
+
+    async def view(self) -> PoolView:
+        snap = await self.snapshot()
+        return PoolView(
+            name=self.policy.name,
+            resident=snap.resident,
+            swapping=snap.target,
+            phase=snap.phase.value,
+            epoch=snap.epoch,
+            leases={m: snap.live_leases(m) for m in self.policy.members},
+            waiters={m: snap.live_waiters(m) for m in self.policy.members},
+            unhealthy=snap.unhealthy,
+            relearning=snap.relearning,
+        )
+
+    # --- decisions ----------------------------------------------------------------
+
+    async def apply(self, decision: Decision) -> Applied:
+        if not decision.ops:
+            return Applied.OK
+        spec = {
+            "state": self._keys.state,
+            "pre": encode_pre(decision.pre, self._keys),
+            "ops": [encode_op(op, self._keys) for op in decision.ops],
+        }
+        result = await self.link.script(
+            self._apply, keys=self._keys.all, args=[orjson.dumps(spec)], identified=True
+        )
+        return Applied(int(result))
+
+    async def decide(
+        self, decide: Callable[[PoolSnapshot], Decision], attempt: str = ""
+    ) -> tuple[Decision, PoolSnapshot]:
+        """Snapshot, decide, apply; again from a fresh snapshot while a precondition broke.
+        A decision whose waiter cap was reached meanwhile is answered as it said
+        (``pre.over_cap``); returns the decision applied and the snapshot it was made on."""
+        for _ in range(MAX_ATTEMPTS):
+            snap = await self.snapshot(attempt)
+            decision = decide(snap)
+            applied = await self.apply(decision)
+            if applied is Applied.OK:
+                return decision, snap
+            if applied is Applied.QUEUE_FULL:
+                return Decision(reply=decision.pre.over_cap), snap
+        raise ConflictError(f"pool {self.policy.name}: decision lost {MAX_ATTEMPTS} races")
+
+    async def grant_if_resident(
+        self, member: str, lease_id: str, attempt: str, router: str, *, request_id: str = ""
+    ) -> Granted | None:
+        """One round trip for the common case (see scripts.GRANT_FAST); None: not applicable."""
+        m = self._keys.members.get(member)
+        if m is None:
+            return None
+        k = self._keys
+        result = await self.link.script(
+            self._grant_fast,
+            keys=[k.state, m.leases, k.lease_meta, k.attempt_leases, m.waiters, m.failure],
+            args=[member, lease_id, self.policy.lease_ttl_ms, attempt, router, request_id],
+            identified=True,
+        )
+        if int(result[0]) != 1:
+            return None
+        return Granted(
+            lease_id=lease_id, ttl_s=self.policy.lease_ttl_ms / 1000, epoch=int(result[1])
+        )
+
+    # --- leases and waiters ---------------------------------------------------------
+
+    async def renew(
+        self,
+        member: str,
+        lease_id: str,
+        *,
+        epoch: int = 0,
+        attempt: str = "",
+        request_id: str = "",
+        router: str = "",
+    ) -> Renewed:
+        """Extend a live lease; write back one the store forgot while it relearns (the
+        epoch, attempt and router say whose it was); see scripts.RENEW."""
+        m = self._keys.members.get(member)
+        if m is None:
+            return Renewed(Renewal.GONE)
+        k = self._keys
+        result = await self.link.script(
+            self._renew,
+            keys=[m.leases, k.state, k.lease_meta, k.attempt_leases],
+            args=[lease_id, self.policy.lease_ttl_ms, member, epoch, attempt, request_id, router],
+            identified=True,
+        )
+        outcome = Renewal(int(result[0]))
+        return Renewed(outcome, shareable=outcome is not Renewal.RENEWED or bool(int(result[1])))
+
+    async def release(self, member: str, lease_id: str) -> Released:
+        m = self._keys.members.get(member)
+        if m is None:
+            return Released(removed=False, may_move=False)
+        k = self._keys
+        others = [o.waiters for o in k.members.values() if o.name != member]
+        removed, left, phase, waiters, unhealthy = await self.link.script(
+            self._release,
+            keys=[m.leases, k.lease_meta, k.attempt_leases, k.state, *others],
+            args=[lease_id],
+        )
+        # Only the last lease of a member the pool is draining away from, one that other
+        # members' requests wait behind, or one on an unhealthy resident (now it can be
+        # recovered) can let the pool move; other releases need no supervisor tick.
+        may_move = int(left) == 0 and (
+            phase == Phase.DRAINING.value or int(waiters) > 0 or bool(unhealthy)
+        )
+        return Released(removed=bool(removed), may_move=may_move)
+
+    async def cancel(self, member: str, attempt: str) -> bool:
+        """``attempt`` gives up on ``member``: its waiter there and its lease on it go."""
+        m = self._keys.members.get(member)
+        if m is None:
+            return False
+        k = self._keys
+        removed = await self.link.script(
+            self._cancel,
+            keys=[m.waiters, k.attempt_leases, k.lease_meta, m.leases],
+            args=[attempt, member],
+        )
+        return bool(removed)
+
+    async def reap(self) -> list[ExpiredLease]:
+        """Remove expired leases (returned, to be audited) and expired waiters."""
+        k = self._keys
+        spec = {
+            "members": k.member_specs(),
+            "lease_meta": k.lease_meta,
+            "attempt_leases": k.attempt_leases,
+        }
+        raw = await self.link.script(self._reap, keys=k.all, args=[orjson.dumps(spec)])
+        expired: list[ExpiredLease] = []
+        for item in orjson.loads(raw):
+            request_id, router = expired_lease_owner(item.get("meta") or "")
+            expired.append(
+                ExpiredLease(
+                    lease_id=item["id"], member=item["member"], request_id=request_id, router=router
+                )
+            )
+        return expired
+
+    async def reset(self) -> None:
+        """Delete every key of this pool (tests and ``unload`` of a broken pool)."""
+        await self.link.execute("DEL", *self._keys.all)
