@@ -14,8 +14,8 @@ from hotseat_common.metrics import PoolMetrics
 from hotseat_common.subjects import Subjects
 from hotseat_pool_controller.decisions.model import PoolPolicy
 from hotseat_pool_controller.drivers import build_driver
-from hotseat_pool_controller.events import Announcer
-from hotseat_pool_controller.pools import PoolRuntime
+from hotseat_pool_controller.runtime.announcer import Announcer
+from hotseat_pool_controller.runtime.pool import PoolRuntime
 from hotseat_pool_controller.store.link import RedisLink
 from hotseat_pool_controller.store.pool import ConflictError, PoolStore
 from tests.support.sim import sim_pool_config

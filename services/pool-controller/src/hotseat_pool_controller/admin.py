@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from hotseat_common.messages import ErrorReply, PoolList, PoolView
 from hotseat_pool_controller.decisions.model import Decision
-from hotseat_pool_controller.pools import PoolRuntime
+from hotseat_pool_controller.runtime.answers import PoolAnswers
 
 
 class UnloadBody(BaseModel):
@@ -53,10 +53,10 @@ def _result(pool: str, decision: Decision) -> ActionResult:
     )
 
 
-def admin_router(pools: Mapping[str, PoolRuntime], token: SecretStr | None) -> APIRouter:
+def admin_router(pools: Mapping[str, PoolAnswers], token: SecretStr | None) -> APIRouter:
     router = APIRouter(prefix="/v1/pools", tags=["pools"])
 
-    def pool_or_404(name: str) -> PoolRuntime:
+    def pool_or_404(name: str) -> PoolAnswers:
         pool = pools.get(name)
         if pool is None:
             raise HTTPException(404, f"no pool {name!r}")
@@ -64,11 +64,11 @@ def admin_router(pools: Mapping[str, PoolRuntime], token: SecretStr | None) -> A
 
     @router.get("")
     async def list_pools() -> PoolList:
-        return PoolList(pools=[await p.store.view() for p in pools.values()])
+        return PoolList(pools=[await p.view() for p in pools.values()])
 
     @router.get("/{name}")
     async def get_pool(name: str) -> PoolView:
-        return await pool_or_404(name).store.view()
+        return await pool_or_404(name).view()
 
     @router.post("/{name}/swap")
     async def force_swap(

@@ -21,9 +21,10 @@ from hotseat_common.subjects import Subjects
 from hotseat_pool_controller.admin import admin_router
 from hotseat_pool_controller.decisions.model import PoolPolicy
 from hotseat_pool_controller.drivers import build_driver
-from hotseat_pool_controller.events import Announcer
 from hotseat_pool_controller.handlers import ActivationHandlers
-from hotseat_pool_controller.pools import PoolRuntime
+from hotseat_pool_controller.runtime.announcer import Announcer
+from hotseat_pool_controller.runtime.answers import PoolAnswers
+from hotseat_pool_controller.runtime.pool import PoolRuntime
 from hotseat_pool_controller.settings import ControllerSettings
 from hotseat_pool_controller.store.health import StoreHealth
 from hotseat_pool_controller.store.link import RedisLink
@@ -36,6 +37,7 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
     registry = CollectorRegistry()
     readiness = Readiness()
     pools: dict[str, PoolRuntime] = {}
+    answers: dict[str, PoolAnswers] = {}
     controller = settings.instance_name()
 
     @asynccontextmanager
@@ -56,21 +58,16 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
             audit.start()
             stack.push_async_callback(audit.close, settings.shutdown_grace)
             announcer = Announcer(nc, subjects, audit, metrics, controller)
-            keys = Keys(settings.key_prefix)
-            for pool in config.pools:
-                policy = PoolPolicy.from_config(pool, heartbeat_ttl_s=settings.heartbeat_ttl)
-                driver = build_driver(config, pool)
-                stack.push_async_callback(driver.aclose)
-                pools[pool.name] = PoolRuntime(
-                    pool, policy, PoolStore(redis, keys, policy), driver, announcer, controller
-                )
+            for runtime in _runtimes(settings, config, redis, announcer, stack):
+                pools[runtime.name] = runtime
+                answers[runtime.name] = runtime.answers
             health = StoreHealth(
                 redis,
                 interval=settings.store_probe_interval,
                 timeout=settings.store_probe_timeout,
             )
             handlers = ActivationHandlers(
-                nc, subjects, pools, settings.max_concurrent_requests, health
+                nc, subjects, answers, settings.max_concurrent_requests, health
             )
             await handlers.start()
             loops = [
@@ -93,7 +90,7 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
                 await handlers.stop(settings.shutdown_grace)
                 for task in loops:
                     task.cancel()
-                swaps = [t for p in pools.values() for t in p.swaps]
+                swaps = [t for p in pools.values() for t in p.swaps.tasks]
                 if swaps:
                     # A swap outlives us only through its heartbeat: another replica takes
                     # it over from the unload step after the heartbeat lapses.
@@ -111,8 +108,28 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
 
     app = FastAPI(title="Hotseat pool controller", lifespan=lifespan)
     app.include_router(ops_router(readiness, registry))
-    app.include_router(admin_router(pools, settings.admin_token))
+    app.include_router(admin_router(answers, settings.admin_token))
     return app
+
+
+def _runtimes(
+    settings: ControllerSettings,
+    config: HotseatConfig,
+    redis: RedisLink,
+    announcer: Announcer,
+    stack: AsyncExitStack,
+) -> list[PoolRuntime]:
+    """One runtime per configured pool, each with its store and its driver (closed by
+    ``stack``)."""
+    keys = Keys(settings.key_prefix)
+    runtimes = []
+    for pool in config.pools:
+        policy = PoolPolicy.from_config(pool, heartbeat_ttl_s=settings.heartbeat_ttl)
+        driver = build_driver(config, pool)
+        stack.push_async_callback(driver.aclose)
+        store = PoolStore(redis, keys, policy)
+        runtimes.append(PoolRuntime(pool, policy, store, driver, announcer, announcer.controller))
+    return runtimes
 
 
 def _die_loudly(task: asyncio.Task[None]) -> None:

@@ -33,7 +33,7 @@ from hotseat_common.messages import (
     WireModel,
 )
 from hotseat_common.subjects import CONTROLLER_QUEUE_GROUP, Subjects
-from hotseat_pool_controller.pools import PoolRuntime
+from hotseat_pool_controller.runtime.answers import PoolAnswers
 from hotseat_pool_controller.store.health import StoreHealth
 from hotseat_pool_controller.store.pool import ConflictError, Renewal
 
@@ -49,7 +49,7 @@ class ActivationHandlers:
         self,
         nc: NatsClient,
         subjects: Subjects,
-        pools: Mapping[str, PoolRuntime],
+        pools: Mapping[str, PoolAnswers],
         max_concurrent: int,
         health: StoreHealth | None = None,
     ) -> None:
@@ -138,7 +138,7 @@ class ActivationHandlers:
             reply = RenewReply(ok=False, code=ErrorCode.CONTROLLER_UNAVAILABLE)
         return reply, service_error(header, 503)
 
-    def _pool(self, name: str) -> PoolRuntime | None:
+    def _pool(self, name: str) -> PoolAnswers | None:
         return self._pools.get(name)
 
     async def _acquire(self, data: bytes) -> WireModel:

@@ -1,4 +1,4 @@
-"""Running one swap as its owner: unload everything else, confirm, load, commit.
+"""Running swaps as their owner: unload everything else, confirm, load, commit.
 
 No request can cancel a swap: it runs in the controller's own task, bounded only by the
 pool's ``swapTimeout``. A heartbeat keeps the claim; when the claim is lost (another
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
@@ -33,6 +33,8 @@ from hotseat_pool_controller.decisions.swap import (
     decide_heartbeat,
 )
 from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
+from hotseat_pool_controller.runtime.announcer import Announcer
+from hotseat_pool_controller.runtime.outcomes import Outcomes
 from hotseat_pool_controller.store.pool import PoolStore
 
 log = get_logger(__name__)
@@ -40,7 +42,6 @@ log = get_logger(__name__)
 UNLOAD_AFTER_FAILURE_TIMEOUT_S = 60.0
 
 Step = Callable[[PoolSnapshot], Decision | None]
-AfterStep = Callable[[Decision, str], Awaitable[None]]
 
 
 class OwnershipLost(Exception):
@@ -54,13 +55,13 @@ class SwapRunner:
         driver: ResidencyDriver,
         policy: PoolPolicy,
         controller: str,
-        after_step: AfterStep,
+        outcomes: Outcomes,
     ) -> None:
         self._store = store
         self._driver = driver
         self._policy = policy
         self._controller = controller
-        self._after_step = after_step
+        self._outcomes = outcomes
 
     async def _step(self, step: Step, reason: str) -> Decision:
         """Apply one owner-only transition; raise OwnershipLost if it is not ours any more."""
@@ -75,7 +76,7 @@ class SwapRunner:
         decision, _ = await self._store.decide(decide)
         if lost:
             raise OwnershipLost
-        await self._after_step(decision, reason)
+        await self._outcomes.report(decision, reason)
         return decision
 
     async def run(self, order: SwapOrder) -> str:
@@ -184,3 +185,33 @@ class SwapRunner:
                 if work is not None:
                     work.cancel()
                 return
+
+
+class Swaps:
+    """The swaps this replica owns for one pool, each in its own task that no request can
+    cancel; the pool's supervisor is woken when one ends."""
+
+    def __init__(
+        self, runner: SwapRunner, announcer: Announcer, pool: str, wake: asyncio.Event
+    ) -> None:
+        self._runner = runner
+        self._announcer = announcer
+        self._pool = pool
+        self._wake = wake
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, order: SwapOrder) -> None:
+        task = asyncio.create_task(self._run(order), name=f"swap-{self._pool}-{order.epoch}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, order: SwapOrder) -> None:
+        started = time.monotonic()
+        try:
+            result = await self._runner.run(order)
+        except asyncio.CancelledError:
+            log.info("swap_task_stopped", pool=self._pool, epoch=order.epoch)
+            raise
+        finally:
+            self._wake.set()
+        self._announcer.swap_ran(self._pool, order.target, result, time.monotonic() - started)

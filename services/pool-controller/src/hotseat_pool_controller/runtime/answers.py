@@ -1,0 +1,117 @@
+"""The requests one pool answers: a router's acquire, renew, release, cancel and failure
+report, and an operator's admin swap and unload."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from hotseat_common.errors import ErrorCode
+from hotseat_common.logging import get_logger
+from hotseat_common.messages import AcquireRequest, ErrorReply, PoolView, RenewRequest
+from hotseat_pool_controller.decisions.acquire import decide_acquire
+from hotseat_pool_controller.decisions.admin import decide_admin_swap, decide_admin_unload
+from hotseat_pool_controller.decisions.model import (
+    AcquireAsk,
+    Decision,
+    PoolPolicy,
+    PoolSnapshot,
+    Reply,
+)
+from hotseat_pool_controller.runtime.announcer import Announcer
+from hotseat_pool_controller.runtime.recovery import Recovery
+from hotseat_pool_controller.runtime.transitions import Transitions
+from hotseat_pool_controller.store.pool import PoolStore, Renewed
+
+log = get_logger(__name__)
+
+
+class PoolAnswers:
+    def __init__(
+        self,
+        store: PoolStore,
+        controller: str,
+        *,
+        transitions: Transitions,
+        recovery: Recovery,
+        announcer: Announcer,
+        wake: asyncio.Event,
+    ) -> None:
+        self.policy: PoolPolicy = store.policy
+        self._store = store
+        self._controller = controller
+        self._transitions = transitions
+        self._recovery = recovery
+        self._announcer = announcer
+        self._wake = wake
+        """Set when a request may let the pool move: its supervisor ticks at once."""
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    async def view(self) -> PoolView:
+        return await self._store.view()
+
+    async def acquire(self, request: AcquireRequest) -> Reply:
+        lease_id = uuid.uuid4().hex
+        fast = await self._store.grant_if_resident(
+            request.member,
+            lease_id,
+            request.attempt,
+            request.router,
+            request_id=request.request_id,
+        )
+        if fast is not None:
+            self._announcer.acquired(self.name, request.member, fast.status)
+            return fast
+
+        def decide(snap: PoolSnapshot, slots_busy: bool | None) -> Decision:
+            ask = AcquireAsk.of(request, now_ms=snap.now_ms, lease_id=lease_id)
+            return decide_acquire(snap, ask, self.policy, self._controller, slots_busy=slots_busy)
+
+        decision = await self._transitions.decide(decide, request.attempt)
+        reply = decision.reply or ErrorReply(code=ErrorCode.INTERNAL_ERROR, message="no decision")
+        self._announcer.acquired(self.name, request.member, reply.status)
+        return reply
+
+    async def release(self, member: str, lease_id: str) -> bool:
+        released = await self._store.release(member, lease_id)
+        if released.may_move:
+            self._wake.set()
+        return released.removed
+
+    async def renew(self, request: RenewRequest) -> Renewed:
+        return await self._store.renew(
+            request.member,
+            request.lease_id,
+            epoch=request.epoch,
+            attempt=request.attempt,
+            request_id=request.request_id,
+            router=request.router,
+        )
+
+    async def cancel(self, member: str, attempt: str) -> bool:
+        removed = await self._store.cancel(member, attempt)
+        self._wake.set()
+        return removed
+
+    async def report_failure(self, member: str, reason: str) -> None:
+        """A router could not reach the member it was granted: check the resident now."""
+        log.warning("dispatch_failure_reported", pool=self.name, member=member, reason=reason)
+        await self._recovery.check_resident(threshold=1)
+
+    async def admin_swap(self, member: str, *, force: bool = False) -> Decision:
+        """``force``: do not consult the incumbent's /slots (its leases still count)."""
+        return await self._transitions.decide(
+            lambda s, busy: decide_admin_swap(
+                s, member, self._controller, self.policy, slots_busy=False if force else busy
+            )
+        )
+
+    async def admin_unload(self, *, force: bool = False) -> Decision:
+        return await self._transitions.decide(
+            lambda s, busy: decide_admin_unload(
+                s, self._controller, self.policy, slots_busy=False if force else busy
+            )
+        )

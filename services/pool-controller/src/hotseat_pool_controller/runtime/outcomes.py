@@ -1,0 +1,22 @@
+"""Telling the world what an applied decision did: its audit events (counted), and a
+state-change notification with the pool as it now is, so waiting routers re-ask."""
+
+from __future__ import annotations
+
+from hotseat_pool_controller.decisions.model import Decision
+from hotseat_pool_controller.runtime.announcer import Announcer
+from hotseat_pool_controller.store.pool import PoolStore
+
+
+class Outcomes:
+    def __init__(self, store: PoolStore, announcer: Announcer) -> None:
+        self._store = store
+        self._announcer = announcer
+        self._pool = store.policy.name
+
+    async def report(self, decision: Decision, reason: str) -> None:
+        for intent in decision.audit:
+            self._announcer.transition(self._pool, intent)
+        if decision.changes_state:
+            snap = await self._store.snapshot()
+            await self._announcer.state_changed(self._pool, snap, reason)

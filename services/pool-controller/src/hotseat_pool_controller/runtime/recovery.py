@@ -1,0 +1,106 @@
+"""Recovering a pool: health-check its resident (lost when it is dead, kept and marked
+unhealthy while it still serves and cannot be proven gone), and rebuild a state the store
+lost from what the drivers report (docs/adr/0005)."""
+
+from __future__ import annotations
+
+from hotseat_common.logging import get_logger
+from hotseat_pool_controller.decisions.model import SERVING, Phase, PoolPolicy
+from hotseat_pool_controller.decisions.recovery import (
+    decide_rebuild,
+    decide_resident_health,
+    decide_resident_lost,
+)
+from hotseat_pool_controller.decisions.start import next_epoch
+from hotseat_pool_controller.drivers.base import ResidencyDriver
+from hotseat_pool_controller.runtime.announcer import Announcer
+from hotseat_pool_controller.runtime.transitions import Transitions
+from hotseat_pool_controller.store.pool import PoolStore
+
+log = get_logger(__name__)
+
+HEALTH_FAILURES_BEFORE_LOST = 2
+RELEARN_MARGIN_MS = 1000
+"""Past one lease TTL, how long a rebuilt resident stays busy for renewals on their way."""
+
+
+class Recovery:
+    def __init__(
+        self,
+        store: PoolStore,
+        driver: ResidencyDriver,
+        transitions: Transitions,
+        announcer: Announcer,
+    ) -> None:
+        self._store = store
+        self._driver = driver
+        self._transitions = transitions
+        self._announcer = announcer
+        self._policy: PoolPolicy = store.policy
+        self._name = store.policy.name
+        self._health_failures = 0
+
+    async def rebuild(self) -> None:
+        """The state is gone (Redis restarted empty) or was written on another server (a
+        restart with persistence, a failover): re-derive residency from the driver, and
+        relearn who is busy (docs/adr/0005). A lone member on the GPU is the resident even
+        when it does not answer yet (still loading, or stalled under its streams): marked
+        unhealthy, it is never taken for gone and unloaded on that alone. The drivers are
+        fenced at the new epoch first, so a swap owner that lost the pool with its state
+        cannot act on its old claim."""
+        snap = await self._store.snapshot()
+        if snap.phase != Phase.UNKNOWN:
+            return
+        await self._driver.fence(next_epoch(snap))
+        loaded = await self._driver.residency()
+        on_gpu = tuple(m for m, is_loaded in loaded.items() if is_loaded)
+        unhealthy = len(on_gpu) == 1 and not await self._driver.is_ready(on_gpu[0])
+        log.warning("pool_state_rebuilt", pool=self._name, loaded=loaded, unhealthy=unhealthy)
+        self._announcer.relearned(self._name)
+        relearn_ms = self._policy.lease_ttl_ms + RELEARN_MARGIN_MS
+        await self._transitions.decide(
+            lambda s, _busy: decide_rebuild(s, on_gpu, unhealthy=unhealthy, relearn_ms=relearn_ms)
+        )
+
+    async def check_resident(self, threshold: int = HEALTH_FAILURES_BEFORE_LOST) -> None:
+        """Health-check the resident. One that fails ``threshold`` checks in a row is lost,
+        unless it serves: then it is lost only if the driver confirms it gone (its leases
+        revoked), else marked unhealthy until its leases end (docs/adr/0005)."""
+        snap = await self._store.snapshot()
+        if snap.resident is None or snap.phase not in SERVING:
+            self._health_failures = 0
+            return
+        resident = snap.resident
+        if await self._driver.is_ready(resident):
+            self._health_failures = 0
+            if snap.unhealthy:
+                log.info("resident_healthy_again", pool=self._name, member=resident)
+                await self._transitions.decide(
+                    lambda s, _busy: decide_resident_health(s, resident, healthy=True)
+                )
+            return
+        self._health_failures += 1
+        if self._health_failures < threshold:
+            return
+        self._health_failures = 0
+        if not snap.serving(resident):
+            await self._transitions.decide(
+                lambda s, _busy: decide_resident_lost(s, resident, "health check failed")
+            )
+            return
+        if await self._driver.confirm_gone(resident):
+            log.warning("resident_gone_while_serving", pool=self._name, member=resident,
+                        leases=snap.live_leases(resident))  # fmt: skip
+            await self._transitions.decide(
+                lambda s, _busy: decide_resident_lost(
+                    s, resident, "gone while serving: leases revoked", revoke=True
+                )
+            )
+            return
+        if not snap.unhealthy:
+            log.warning("resident_unhealthy", pool=self._name, member=resident,
+                        leases=snap.live_leases(resident))  # fmt: skip
+            self._announcer.unhealthy(self._name, resident)
+        await self._transitions.decide(
+            lambda s, _busy: decide_resident_health(s, resident, healthy=False)
+        )
