@@ -44,7 +44,7 @@ from hotseat_common.messages import (
     ReleaseRequest,
 )
 from hotseat_common.subjects import Subjects
-from hotseat_router.pool_client import NatsActivationClient
+from hotseat_router.activation.nats import NatsActivationClient
 
 PREFIX = "bench"
 LOAD_S, UNLOAD_S = 0.5, 0.1

@@ -25,7 +25,7 @@ from hotseat_pool_controller.decisions.model import (
     PoolPolicy,
     PoolSnapshot,
 )
-from hotseat_router.pool_client import NatsActivationClient
+from hotseat_router.activation.nats import NatsActivationClient
 
 POLICY = PoolPolicy(
     name="gpu0",

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from hotseat_common.config.model import PoolActivation
-from hotseat_router.activation import Lease
+from hotseat_router.activation.protocol import Lease
 
 
 @dataclass

@@ -21,8 +21,8 @@ from hotseat_common.messages import (
     RenewReply,
 )
 from hotseat_common.subjects import Subjects
-from hotseat_router.activation import Lease
-from hotseat_router.pool_client import NatsActivationClient
+from hotseat_router.activation.nats import NatsActivationClient
+from hotseat_router.activation.protocol import Lease
 from tests.support.waiting import eventually
 
 

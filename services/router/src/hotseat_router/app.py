@@ -35,30 +35,25 @@ from hotseat_common.logging import configure_logging, get_logger
 from hotseat_common.metrics import RouterMetrics
 from hotseat_common.service import Readiness, ops_router
 from hotseat_common.subjects import Subjects
-from hotseat_router.activation import ActivationClient
-from hotseat_router.activation_factory import build_activation
+from hotseat_router.activation.factory import build_activation
+from hotseat_router.activation.protocol import ActivationClient
 from hotseat_router.asgi import Message, Receive, Scope, Send
 from hotseat_router.audit import RequestAudit
 from hotseat_router.auth import ApiKeyCheck, load_api_keys
 from hotseat_router.dispatch import Dispatcher
 from hotseat_router.errors import MethodNotAllowed, Unauthorized, UnknownUrl, error_answer
-from hotseat_router.headers import REQUEST_ID_B, valid_request_id
+from hotseat_router.headers import REQUEST_ID_B, request_id_of
 from hotseat_router.health import PassiveHealth
 from hotseat_router.matching import Matcher
 from hotseat_router.openapi import router_openapi
 from hotseat_router.proxy import PROXY_PATHS, ProxyEndpoint
-from hotseat_router.settings import RouterSettings
+from hotseat_router.settings import RouterSettings, router_name
 from hotseat_router.streaming import Relay
 from hotseat_router.upstream import UpstreamClient
 
 log = get_logger(__name__)
 
 ActivationFactory = Callable[[RouterSettings, NatsClient, HotseatConfig], ActivationClient]
-
-
-def router_name(settings: RouterSettings, config: HotseatConfig) -> str:
-    """The ``router`` label and audit field: this replica's instance name, else the config's."""
-    return settings.instance or config.router.name
 
 
 def models_body(config: HotseatConfig) -> bytes:
@@ -98,10 +93,7 @@ class RouterApp(FastAPI):
 
 def _stamp_request_id(scope: Scope, send: Send) -> Send:
     """Every response carries ``x-hotseat-request-id`` (the client's, or a new one)."""
-    request_id = (
-        next((valid_request_id(v) for k, v in scope["headers"] if k == REQUEST_ID_B), None)
-        or os.urandom(16).hex()
-    )
+    request_id = request_id_of(next((v for k, v in scope["headers"] if k == REQUEST_ID_B), None))
     scope.setdefault("state", {})["request_id"] = request_id
 
     async def stamped(message: Message) -> None:
@@ -173,7 +165,6 @@ def create_app(
                 bearers=_bearers(config),
             )
             relay = Relay(
-                activation=activation,
                 audit=audit,
                 metrics=metrics,
                 router=name,

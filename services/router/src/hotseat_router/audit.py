@@ -29,9 +29,8 @@ class RequestAudit:
         reason: str | None = None,
     ) -> None:
         """Record the request's terminal outcome; later calls for the same request do nothing."""
-        if ctx.finished:
+        if not ctx.finish_once():
             return
-        ctx.finished = True
         elapsed = ctx.elapsed()
         rule_label = ctx.rule if ctx.rule is not None else DEFAULT_ROUTE
         self._metrics.requests.labels(

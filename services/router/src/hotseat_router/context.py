@@ -1,4 +1,10 @@
-"""What the router knows about one request while it handles it."""
+"""What the router knows about one request while it handles it.
+
+Two parts, each changed only through its verbs: the **record** (what the request's audit
+event reports: its model, rule, the backend that answered) and the **interruption**
+control (the handling task, the watchers that cancel it when the client leaves or the
+lease is lost, and whether the last body message is already on its way).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from hotseat_common.config.model import Backend
 from hotseat_common.errors import ErrorCode
 from hotseat_router.asgi import Receive
 
@@ -26,39 +33,76 @@ class RequestContext:
     """The last body message is being sent: a disconnect now is no longer an interruption."""
     interrupted: ErrorCode | None = None
     """Why the handling task was cancelled on purpose: ``client_disconnected``, ``lease_lost``."""
-    task: asyncio.Task[object] | None = None
-    watcher: asyncio.Task[None] | None = None
-    """Watches for the client leaving while the request is dispatched and relayed."""
+    _task: asyncio.Task[object] | None = None
+    _watchers: list[asyncio.Task[None]] = field(default_factory=list)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
+    # --- the record -----------------------------------------------------------------------
+
+    def asked_for(self, model: str | None) -> None:
+        self.model = model
+
+    def routed(self, rule: str | None) -> None:
+        self.rule = rule
+
+    def answered_by(self, backend: Backend, status: int) -> None:
+        self.backend = backend.name
+        self.status = status
+        if backend.pool is not None:
+            self.pool, self.member = backend.pool.name, backend.pool.member
+
+    def finish_once(self) -> bool:
+        """True the first time: the caller records the request's one terminal outcome."""
+        first = not self.finished
+        self.finished = True
+        return first
+
+    # --- interruption -----------------------------------------------------------------------
+
+    def last_body(self) -> None:
+        """The last body message is being sent: the request can no longer be interrupted."""
+        self.response_done = True
+
+    def watch_client(self, receive: Receive) -> None:
+        """From now on, the client leaving interrupts the current task (the body was read)."""
+        self._task = asyncio.current_task()
+        self._watchers.append(asyncio.create_task(self._client_left(receive)))
+
+    def watch_lease(self, lost: asyncio.Event) -> asyncio.Task[None]:
+        """Interrupt the request when its lease is lost; the returned watcher is the
+        caller's to cancel when the lease is released."""
+        watcher = asyncio.create_task(self._lease_lost(lost))
+        self._watchers.append(watcher)
+        return watcher
+
+    def stop_watching(self) -> None:
+        for watcher in self._watchers:
+            watcher.cancel()
+
     def interrupt(self, reason: ErrorCode) -> None:
         """Cancel the handling task once, remembering why (a second reason is ignored)."""
-        if self.interrupted is not None or self.response_done or self.task is None:
+        if self.interrupted is not None or self.response_done or self._task is None:
             return
         self.interrupted = reason
-        self.task.cancel()
+        self._task.cancel()
 
     def absorb_interrupt(self) -> ErrorCode | None:
         """After catching ``CancelledError``: our own interruption's reason (uncancelled), or
         ``None`` when somebody else cancelled the task and the error must propagate."""
-        if self.interrupted is None or self.task is None:
+        if self.interrupted is None or self._task is None:
             return None
-        self.task.uncancel()
+        self._task.uncancel()
         return self.interrupted
 
+    async def _client_left(self, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.interrupt(ErrorCode.CLIENT_DISCONNECTED)
+                return
 
-async def watch_disconnect(receive: Receive, ctx: RequestContext) -> None:
-    """Interrupt the request when the client goes away (the body was already read)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            ctx.interrupt(ErrorCode.CLIENT_DISCONNECTED)
-            return
-
-
-async def watch_lease(lost: asyncio.Event, ctx: RequestContext) -> None:
-    """Interrupt the request when the controller refuses to renew its lease."""
-    await lost.wait()
-    ctx.interrupt(ErrorCode.LEASE_LOST)
+    async def _lease_lost(self, lost: asyncio.Event) -> None:
+        await lost.wait()
+        self.interrupt(ErrorCode.LEASE_LOST)

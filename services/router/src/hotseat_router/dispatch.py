@@ -35,13 +35,15 @@ from hotseat_common.errors import (
 )
 from hotseat_common.logging import get_logger
 from hotseat_common.metrics import RouterMetrics
-from hotseat_router.activation import ActivationClient, Lease, new_attempt
+from hotseat_router.activation.protocol import ActivationClient, Lease
+from hotseat_router.activation.scope import LeaseScope
+from hotseat_router.attempt import Attempt
 from hotseat_router.audit import RequestAudit
 from hotseat_router.body import RoutingFields, with_model
 from hotseat_router.context import RequestContext
 from hotseat_router.errors import AllBackendsFailed, DeadlineExceeded, FailClosed
 from hotseat_router.headers import upstream_request_headers
-from hotseat_router.health import Admission, PassiveHealth
+from hotseat_router.health import PassiveHealth
 from hotseat_router.matching import Route
 from hotseat_router.upstream import UpstreamClient, UpstreamConnectError, UpstreamResponse
 
@@ -64,11 +66,12 @@ class Outbound:
 
 @dataclass(slots=True)
 class Dispatched:
-    """The backend that answered, its response (body unread) and its lease, if pooled."""
+    """The backend that answered, its response (body unread) and, if pooled, its lease:
+    the receiver closes it once the body has been relayed."""
 
     backend: Backend
     response: UpstreamResponse
-    lease: Lease | None
+    lease: LeaseScope | None
 
 
 @dataclass(slots=True)
@@ -118,18 +121,12 @@ class Dispatcher:
             if out.sensitive and backend.tier is not Tier.LOCAL:
                 tally.withheld += 1
                 continue
-            admission = self._health.admit(backend.name)
-            if admission is None:
+            attempt = Attempt.admitted(backend, self._health, router=self._router)
+            if attempt is None:
                 tally.quarantined += 1
                 continue
             dispatched = await self._try(
-                ctx,
-                route,
-                out,
-                deadline=deadline,
-                backend=backend,
-                admission=admission,
-                tally=tally,
+                ctx, route, out, deadline=deadline, attempt=attempt, tally=tally
             )
             if dispatched is not None:
                 return dispatched
@@ -142,39 +139,28 @@ class Dispatcher:
         out: Outbound,
         *,
         deadline: float,
-        backend: Backend,
-        admission: Admission,
+        attempt: Attempt,
         tally: _Tally,
     ) -> Dispatched | None:
         """One backend: lease (if pooled), then one attempt. ``None`` means try the next."""
-        lease: Lease | None = None
-        try:
+        backend = attempt.backend
+        async with attempt:
             if backend.pool is not None:
-                lease = await self._lease(ctx, route, backend, deadline, tally)
+                lease = await self._lease(ctx, route, attempt, deadline, tally)
                 if lease is None:
-                    self._health.abandoned(backend.name, admission)
                     return None
-            response = await self._attempt(
-                ctx, route, out, deadline=deadline, backend=backend, lease=lease, tally=tally
-            )
-        except BaseException:
-            self._health.abandoned(backend.name, admission)
-            if lease is not None:
-                await self._activation.release(lease)
-            raise
-        if response is None:
-            if lease is not None:
-                # The walk goes on, maybe to another member of the same pool: its acquire
-                # must not find this request's own lease still live (it would be skipped as
-                # busy because of itself), so the release is confirmed first.
-                await self._activation.release(lease, confirm=True)
-            return None
-        self._health.succeeded(backend.name)
-        return Dispatched(backend=backend, response=response, lease=lease)
+                attempt.lease = LeaseScope(self._activation, lease, ctx.request_id)
+            response = await self._send(ctx, route, out, deadline=deadline, attempt=attempt)
+            if response is None:
+                tally.failed += 1
+                return None
+            attempt.succeeded()
+            return Dispatched(backend=backend, response=response, lease=attempt.hand_on())
 
     async def _lease(
-        self, ctx: RequestContext, route: Route, backend: Backend, deadline: float, tally: _Tally
+        self, ctx: RequestContext, route: Route, attempt: Attempt, deadline: float, tally: _Tally
     ) -> Lease | None:
+        backend = attempt.backend
         assert backend.pool is not None  # noqa: S101 - only called for pooled backends
         pool, member = backend.pool.name, backend.pool.member
         remaining = deadline - time.monotonic()
@@ -191,7 +177,7 @@ class Dispatcher:
                     pool=pool,
                     member=member,
                     mode=route.activation,
-                    attempt=new_attempt(self._router),
+                    attempt=attempt.id,
                     request_id=ctx.request_id,
                     budget_s=budget,
                 )
@@ -230,18 +216,11 @@ class Dispatcher:
             )
         return None
 
-    async def _attempt(
-        self,
-        ctx: RequestContext,
-        route: Route,
-        out: Outbound,
-        *,
-        deadline: float,
-        backend: Backend,
-        lease: Lease | None,
-        tally: _Tally,
+    async def _send(
+        self, ctx: RequestContext, route: Route, out: Outbound, *, deadline: float, attempt: Attempt
     ) -> UpstreamResponse | None:
-        """One upstream attempt; ``None`` when it failed (the backend is then quarantined)."""
+        """One upstream request; ``None`` when it failed (the backend is then quarantined)."""
+        backend = attempt.backend
         # The per-attempt clock starts here, once any lease is granted: a hold never eats it.
         attempt_s = route.timeout or backend.timeout or self._policy.timeout
         remaining = deadline - time.monotonic()
@@ -266,37 +245,30 @@ class Dispatcher:
                     "the request deadline passed before a backend answered"
                 ) from exc
             log.warning("upstream_timeout", backend=backend.name, timeout_s=attempt_s)
-            await self._failed(ctx, backend, lease, tally, "timeout")
+            await _failed(attempt, "timeout")
             return None
         except UpstreamConnectError as exc:
             attempts.labels(self._router, backend.name, "connect").inc()
             log.warning("upstream_unreachable", backend=backend.name, error=str(exc))
-            await self._failed(ctx, backend, lease, tally, "connect")
+            await _failed(attempt, "connect")
             return None
         if response.status >= 500:
             attempts.labels(self._router, backend.name, "http_5xx").inc()
             response.close()
             log.warning("upstream_5xx", backend=backend.name, status=response.status)
-            await self._failed(ctx, backend, lease, tally, None)
+            await _failed(attempt, None)
             return None
         result = "ok" if response.status < 400 else "http_4xx"
         attempts.labels(self._router, backend.name, result).inc()
         return response
 
-    async def _failed(
-        self,
-        ctx: RequestContext,
-        backend: Backend,
-        lease: Lease | None,
-        tally: _Tally,
-        connection_failure: str | None,
-    ) -> None:
-        tally.failed += 1
-        self._health.failed(backend.name)
-        if lease is not None and connection_failure is not None:
-            await self._activation.report_failure(
-                lease, request_id=ctx.request_id, reason=connection_failure
-            )
+
+async def _failed(attempt: Attempt, connection_failure: str | None) -> None:
+    """The backend failed this try: quarantined, and a pool member that could not be
+    reached at all is reported to the controller (which checks the resident)."""
+    attempt.failed()
+    if attempt.lease is not None and connection_failure is not None:
+        await attempt.lease.report_failure(connection_failure)
 
 
 def _verdict(tally: _Tally, *, sensitive: bool) -> Exception:

@@ -7,6 +7,7 @@ the router and never reaches an upstream; a cloud backend gets its own Bearer ke
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 
@@ -42,10 +43,11 @@ _NOT_RETURNED = HOP_BY_HOP | {b"date", b"server", REQUEST_ID_B, BACKEND_B}
 _REQUEST_ID_OK = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 
 
-def valid_request_id(value: bytes | None) -> str | None:
-    """The client's request id when it is a safe token, else ``None``."""
+def request_id_of(value: bytes | None) -> str:
+    """The request's id: the client's own ``x-hotseat-request-id`` when it is a safe token,
+    else a new one."""
     if value is None or _REQUEST_ID_OK.match(value) is None:
-        return None
+        return os.urandom(16).hex()
     return value.decode("ascii")
 
 

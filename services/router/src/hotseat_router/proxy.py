@@ -9,7 +9,6 @@ rewrites the model. Every request ends in exactly one terminal audit event.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import NamedTuple
 
 from hotseat_common.errors import HotseatError
@@ -20,7 +19,7 @@ from hotseat_router.asgi import Receive, Scope, Send
 from hotseat_router.audit import RequestAudit
 from hotseat_router.auth import ApiKeyCheck
 from hotseat_router.body import parse_body, read_body
-from hotseat_router.context import RequestContext, watch_disconnect
+from hotseat_router.context import RequestContext
 from hotseat_router.dispatch import Dispatched, Dispatcher, Outbound
 from hotseat_router.errors import (
     InvalidRequest,
@@ -30,7 +29,7 @@ from hotseat_router.errors import (
     error_answer,
     spec_for,
 )
-from hotseat_router.headers import REQUEST_ID_B, valid_request_id
+from hotseat_router.headers import REQUEST_ID_B, request_id_of
 from hotseat_router.matching import Matcher, Route
 from hotseat_router.streaming import Relay
 
@@ -65,17 +64,17 @@ class ProxyEndpoint:
         self._sensitive = sensitive
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request_id: str | None = None
+        client_request_id: bytes | None = None
         authorization: bytes | None = None
         content_length: bytes | None = None
         for name, value in scope["headers"]:
             if name == REQUEST_ID_B:
-                request_id = valid_request_id(value)
+                client_request_id = value
             elif name == b"authorization":
                 authorization = value
             elif name == b"content-length":
                 content_length = value
-        ctx = RequestContext(request_id=request_id or uuid.uuid4().hex)
+        ctx = RequestContext(request_id=request_id_of(client_request_id))
         self._in_flight.inc()
         try:
             dispatched = await self._dispatch(
@@ -84,8 +83,7 @@ class ProxyEndpoint:
             if dispatched is not None:
                 await self._relay(ctx, dispatched, send)
         finally:
-            if ctx.watcher is not None:
-                ctx.watcher.cancel()
+            ctx.stop_watching()
             self._in_flight.dec()
 
     async def _dispatch(
@@ -94,8 +92,7 @@ class ProxyEndpoint:
         """Everything up to an upstream's response headers; ``None`` when already answered."""
         try:
             route, outbound = await self._admit(ctx, scope, receive, creds)
-            ctx.task = asyncio.current_task()
-            ctx.watcher = asyncio.create_task(watch_disconnect(receive, ctx))
+            ctx.watch_client(receive)
             deadline = ctx.started + self._request_timeout
             return await self._dispatcher.walk(ctx, route, outbound, deadline)
         except HotseatError as exc:
@@ -124,13 +121,13 @@ class ProxyEndpoint:
             receive, content_length=_length(creds.content_length), limit=self._max_body
         )
         fields = parse_body(body)
-        ctx.model = fields.model
+        ctx.asked_for(fields.model)
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         header_map = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers}
         route = self._matcher.route(fields.model, header_map)
         if route is None:
             raise ModelNotFound(f"no route serves the model {fields.model!r}")
-        ctx.rule = route.rule
+        ctx.routed(route.rule)
         classification = self._matcher.classification(header_map)
         path: str = scope["path"]
         if scope["query_string"]:
@@ -151,7 +148,7 @@ class ProxyEndpoint:
             return
         status, headers, body = error_answer(exc)
         headers.append((REQUEST_ID_B, ctx.request_id.encode()))
-        ctx.response_done = True
+        ctx.last_body()
         self._audit.finish(ctx, spec.outcome, status=status, reason=reason)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

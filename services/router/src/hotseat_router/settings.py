@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import Field, SecretStr
 
+from hotseat_common.config.model import HotseatConfig
 from hotseat_common.settings import ServiceSettings
 
 
@@ -28,3 +29,9 @@ class RouterSettings(ServiceSettings):
     audit_buffer: int = Field(
         default=10_000, ge=1, description="Audit events held while NATS is unreachable"
     )
+
+
+def router_name(settings: RouterSettings, config: HotseatConfig) -> str:
+    """The ``router`` label and audit field, and the router's name at the pool controller:
+    this replica's instance name, else the config's."""
+    return settings.instance or config.router.name

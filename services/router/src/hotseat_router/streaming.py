@@ -19,10 +19,9 @@ import asyncio
 from hotseat_common.errors import ErrorCode
 from hotseat_common.messages.audit import RequestOutcome
 from hotseat_common.metrics import RouterMetrics
-from hotseat_router.activation import ActivationClient
 from hotseat_router.asgi import Send
 from hotseat_router.audit import RequestAudit
-from hotseat_router.context import RequestContext, watch_lease
+from hotseat_router.context import RequestContext
 from hotseat_router.dispatch import Dispatched
 from hotseat_router.errors import error_body
 from hotseat_router.headers import client_response_headers
@@ -47,13 +46,11 @@ class Relay:
     def __init__(
         self,
         *,
-        activation: ActivationClient,
         audit: RequestAudit,
         metrics: RouterMetrics,
         router: str,
         idle_timeout: float,
     ) -> None:
-        self._activation = activation
         self._audit = audit
         self._metrics = metrics
         self._router = router
@@ -62,15 +59,12 @@ class Relay:
     async def __call__(self, ctx: RequestContext, dispatched: Dispatched, send: Send) -> None:
         response = dispatched.response
         backend = dispatched.backend
-        ctx.backend = backend.name
-        ctx.status = response.status
-        if backend.pool is not None:
-            ctx.pool, ctx.member = backend.pool.name, backend.pool.member
+        ctx.answered_by(backend, response.status)
         self._metrics.time_to_first_byte.labels(self._router, backend.name).observe(ctx.elapsed())
-        lease = dispatched.lease
+        scope = dispatched.lease
         lease_watch = (
-            asyncio.create_task(watch_lease(lease.lost, ctx))
-            if lease is not None and lease.ttl_s > 0
+            ctx.watch_lease(scope.lease.lost)
+            if scope is not None and scope.lease.ttl_s > 0
             else None
         )
         failure: ErrorCode | None = None
@@ -85,8 +79,8 @@ class Relay:
             if lease_watch is not None:
                 lease_watch.cancel()
             response.close()
-            if lease is not None:
-                await self._activation.release(lease)
+            if scope is not None:
+                await scope.close()
         if failure is None:
             self._audit.finish(ctx, RequestOutcome.SERVED)
         elif failure is ErrorCode.CLIENT_DISCONNECTED:
@@ -95,7 +89,7 @@ class Relay:
             self._audit.finish(ctx, RequestOutcome.SERVED, reason=failure)
             if response.content_type != "text/event-stream":
                 raise StreamAborted(_STREAM_ERRORS[failure])
-            ctx.response_done = True
+            ctx.last_body()
             await send({"type": "http.response.body", "body": _sse_error(failure)})
 
     async def _pump(
@@ -103,7 +97,7 @@ class Relay:
     ) -> ErrorCode | None:
         """Copy the body; ``None`` when it ended normally, else why it stopped."""
         response = dispatched.response
-        lease = dispatched.lease
+        lease = dispatched.lease.lease if dispatched.lease is not None else None
         await send(
             {
                 "type": "http.response.start",
@@ -128,11 +122,11 @@ class Relay:
                     ErrorCode.LEASE_LOST
                 )  # never relay past the lease (a stalled loop resumes here)
             if not chunk:
-                ctx.response_done = True
+                ctx.last_body()
                 await send({"type": "http.response.body", "body": b""})
                 return None
             if response.body_known_complete:
-                ctx.response_done = True
+                ctx.last_body()
                 await send({"type": "http.response.body", "body": chunk})
                 return None
             await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -1,4 +1,4 @@
-"""Which :class:`ActivationClient` the router uses.
+"""Which :class:`~.protocol.ActivationClient` the router uses.
 
 With pools in the config, pooled backends ask the pool controller over NATS for an
 activation lease; without pools there is nothing to activate and dispatch is direct.
@@ -12,9 +12,10 @@ from nats.aio.client import Client as NatsClient
 
 from hotseat_common.config.model import HotseatConfig
 from hotseat_common.subjects import Subjects
-from hotseat_router.activation import ActivationClient, DirectActivation
-from hotseat_router.pool_client import NatsActivationClient
-from hotseat_router.settings import RouterSettings
+from hotseat_router.activation.direct import DirectActivation
+from hotseat_router.activation.nats import NatsActivationClient
+from hotseat_router.activation.protocol import ActivationClient
+from hotseat_router.settings import RouterSettings, router_name
 
 
 def build_activation(
@@ -23,5 +24,5 @@ def build_activation(
     if not config.pools:
         return DirectActivation()
     return NatsActivationClient(
-        nc, Subjects(settings.subject_prefix), settings.instance or config.router.name
+        nc, Subjects(settings.subject_prefix), router_name(settings, config)
     )

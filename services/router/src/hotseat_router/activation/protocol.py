@@ -90,33 +90,3 @@ class ActivationClient(Protocol):
     async def report_failure(self, lease: Lease, *, request_id: str, reason: str) -> None:
         """Tell the controller that a granted member failed at the connection level."""
         ...
-
-
-class DirectActivation:
-    """No pool controller: every pooled backend is treated as resident (lease is a no-op)."""
-
-    async def acquire(
-        self,
-        *,
-        pool: str,
-        member: str,
-        mode: PoolActivation,
-        attempt: str,
-        request_id: str,
-        budget_s: float,
-    ) -> Lease:
-        return Lease(
-            pool=pool,
-            member=member,
-            lease_id=f"direct-{attempt}",
-            epoch=0,
-            ttl_s=0,
-            attempt=attempt,
-            request_id=request_id,
-        )
-
-    async def release(self, lease: Lease, *, confirm: bool = False) -> None:
-        return None
-
-    async def report_failure(self, lease: Lease, *, request_id: str, reason: str) -> None:
-        return None

@@ -1,40 +1,29 @@
-"""The NATS implementation of :class:`~hotseat_router.activation.ActivationClient`.
+"""The NATS implementation of :class:`~hotseat_router.activation.protocol.ActivationClient`.
 
 Asks the pool controller (queue group) for a lease and, on ``wait``, waits for the pool's
-next state-change notification before asking again with the same request id (a timer
+next state-change notification before asking again with the same attempt (a timer
 re-asks too, in case a notification was lost). A request that gives up (swap budget
 elapsed, client gone) withdraws from the pool's waiters with ``cancel``.
 
-**Shared leases.** While this router holds a live lease on a member, another request for
-that member shares it instead of asking the controller: the lease already keeps the member
-resident and counted busy fleet-wide (no swap can start while it lives), which is all a
-fresh grant would prove, so the contract is unchanged; the lease is released when the
-last request sharing it ends. Busy stays exact (live leases > 0 exactly while some router
-serves the member); the pool's lease count becomes "routers serving", not "requests". A
-lease is shared only while its renewals are on schedule and no request on it reported a
-dispatch failure (the next request then asks the controller, which checks the resident).
-Under load the controller then sees one acquire per burst instead of one per request.
-
-Otherwise the hot path is one NATS request (acquire) and one publish (release, which
-needs no answer: a release that is lost leaves a lease that expires by its TTL, exactly
-as when its reply would have been lost). Renewals for every held lease come from one
-background task per client, not one per lease: most leases end before their first
-renewal is due. A release the caller must see done before its next acquire (a fallback
-to another member of the same pool) is asked as a request instead.
+A lease this router already holds on the member is shared instead of asked for, and
+renewed from one task (:mod:`.held`). Otherwise the hot path is one NATS request
+(acquire) and one publish (release, which needs no answer: a release that is lost leaves
+a lease that expires by its TTL, exactly as when its reply would have been lost). A
+release the caller must see done before its next acquire (a fallback to another member
+of the same pool) is asked as a request instead.
 
 **Identity and time.** A waiter and a lease at the controller belong to one attempt
-(:func:`~hotseat_router.activation.new_attempt`), never to the client's request id. Each
-question carries what is left of the hold as a duration on this process's monotonic
-clock; the controller anchors it to its store's clock, so this host's wall clock plays
-no part.
+(:func:`~hotseat_router.activation.protocol.new_attempt`), never to the client's request
+id. Each question carries what is left of the hold as a duration on this process's
+monotonic clock; the controller anchors it to its store's clock, so this host's wall
+clock plays no part.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Self
 
 from nats.aio.client import Client as NatsClient
@@ -70,7 +59,8 @@ from hotseat_common.messages import (
     WireModel,
 )
 from hotseat_common.subjects import Subjects
-from hotseat_router.activation import Lease
+from hotseat_router.activation.held import HeldLeases
+from hotseat_router.activation.protocol import Lease
 
 log = get_logger(__name__)
 
@@ -79,35 +69,6 @@ REQUEST_TIMEOUT_S = 2.0
 REASK_INTERVAL_S = 2.0
 """A held request asks again at least this often, even without a notification."""
 SMALL_TIMEOUT_S = 1.0
-
-
-@dataclass
-class _Held:
-    """A lease this router holds: the requests using it (one :class:`Lease` handle each,
-    all sharing ``lost``), its proof of validity, and when it is next renewed."""
-
-    lease: Lease
-    due: float
-    handles: list[Lease]
-    renewing: bool = False
-    shareable: bool = True
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.lease.pool, self.lease.member
-
-    def prove(self, valid_until: float) -> None:
-        self.lease.valid_until = valid_until
-        for handle in self.handles:
-            handle.valid_until = valid_until
-
-    def drop(self, handle: Lease) -> bool:
-        """Forget one request's handle; False if it was already gone (released twice)."""
-        for i, held in enumerate(self.handles):
-            if held is handle:
-                del self.handles[i]
-                return True
-        return False
 
 
 @dataclass
@@ -127,11 +88,7 @@ class NatsActivationClient:
         self._subjects = subjects
         self._router = router
         self._signals: dict[str, _PoolSignal] = {}
-        self._held: dict[str, _Held] = {}
-        self._shared: dict[tuple[str, str], _Held] = {}
-        self._renewer: asyncio.Task[None] | None = None
-        self._renewer_wake = asyncio.Event()
-        self._next_renewal = math.inf
+        self._leases = HeldLeases(self._renew)
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -146,12 +103,9 @@ class NatsActivationClient:
         await self.stop()
 
     async def stop(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
-        if self._tasks:  # cancels and renewals still on their way
-            await asyncio.wait(self._tasks, timeout=SMALL_TIMEOUT_S * 2)
+        pending = self._tasks | await self._leases.stop()
+        if pending:  # cancels and renewals still on their way
+            await asyncio.wait(pending, timeout=SMALL_TIMEOUT_S * 2)
         if self._sub is not None:
             with contextlib.suppress(NatsError):
                 await self._sub.unsubscribe()
@@ -183,7 +137,7 @@ class NatsActivationClient:
         request_id: str,
         budget_s: float,
     ) -> Lease:
-        shared = self._share(pool, member)
+        shared = self._leases.share(pool, member)
         if shared is not None:
             return shared
         loop = asyncio.get_running_loop()
@@ -292,19 +246,6 @@ class NatsActivationClient:
 
     # --- leases -----------------------------------------------------------------------
 
-    def _share(self, pool: str, member: str) -> Lease | None:
-        """A handle on a live lease this router already holds on ``member``, if any."""
-        held = self._shared.get((pool, member))
-        if held is None:
-            return None
-        lease = held.lease
-        left = lease.valid_until - asyncio.get_running_loop().time()
-        if lease.lost.is_set() or not held.shareable or left < lease.ttl_s / 2:
-            return None  # renewals behind schedule or the member in doubt: ask
-        handle = replace(lease)  # its own handle; ``lost`` is the same event
-        held.handles.append(handle)
-        return handle
-
     def _granted(self, request: AcquireRequest, reply: Granted, asked_at: float) -> Lease:
         lease = Lease(
             pool=request.pool,
@@ -316,46 +257,9 @@ class NatsActivationClient:
             request_id=request.request_id,
             valid_until=asked_at + reply.ttl_s,
         )
-        due = _next_renewal(lease, asyncio.get_running_loop().time())
-        held = _Held(lease, due, handles=[lease])
-        self._held[lease.lease_id] = held
-        current = self._shared.get(held.key)
-        if current is None or not current.shareable or current.lease.lost.is_set():
-            self._shared[held.key] = held
-        if self._renewer is None:
-            self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
-        if due < self._next_renewal:
-            self._renewer_wake.set()
-        return lease
+        return self._leases.hold(lease)
 
-    async def _renew_loop(self) -> None:
-        """Renew each held lease every ttl/3 and move its ``valid_until`` on each confirmed
-        renewal. A refusal, or ``valid_until`` passing unconfirmed (the controller or its
-        store unreachable for a whole TTL, or this loop stalled), means the lease may be
-        gone: set ``lost``."""
-        loop = asyncio.get_running_loop()
-        while True:
-            now = loop.time()
-            for held in list(self._held.values()):
-                if held.renewing or held.due > now or held.lease.lost.is_set():
-                    continue
-                if now >= held.lease.valid_until:
-                    self._lose(held)
-                    continue
-                held.renewing = True
-                self._background(loop.create_task(self._renew(held)))
-            waiting = [
-                h.due for h in self._held.values() if not h.renewing and not h.lease.lost.is_set()
-            ]
-            self._next_renewal = min(waiting, default=math.inf)
-            self._renewer_wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(self._next_renewal if waiting else None):
-                    await self._renewer_wake.wait()
-
-    async def _renew(self, held: _Held) -> None:
-        lease = held.lease
-        loop = asyncio.get_running_loop()
+    async def _renew(self, lease: Lease) -> RenewReply | None:
         message = RenewRequest(
             pool=lease.pool,
             member=lease.member,
@@ -365,56 +269,19 @@ class NatsActivationClient:
             request_id=lease.request_id,
             router=self._router,
         )
-        asked_at = loop.time()
         try:
             data = await self._request(self._subjects.renew, message, SMALL_TIMEOUT_S)
-            reply: RenewReply | None = RenewReply.from_bytes(data)
+            return RenewReply.from_bytes(data)
         except (NatsError, ValidationError) as exc:
             log.warning("lease_renew_failed", pool=lease.pool, error=type(exc).__name__)
-            reply = None
-        finally:
-            held.renewing = False
-        if self._held.get(lease.lease_id) is not held or lease.lost.is_set():
-            return  # released or lost meanwhile
-        if reply is not None and reply.ok:
-            held.prove(asked_at + reply.ttl_s)
-            if not reply.shareable:
-                # The member fails its health checks: the requests on this lease go on,
-                # new ones ask the controller (which holds or skips them).
-                self._unshare(held)
-        elif reply is not None and reply.code is None:
-            self._lose(held)
-            return
-        held.due = _next_renewal(lease, loop.time())
-        if held.due < self._next_renewal:
-            self._renewer_wake.set()
-
-    def _lose(self, held: _Held) -> None:
-        """Renewing stops; the requests on it end, and the last one still releases it."""
-        lease = held.lease
-        if self._shared.get(held.key) is held:
-            del self._shared[held.key]
-        log.error("lease_lost", pool=lease.pool, member=lease.member, lease=lease.lease_id)
-        lease.lost.set()  # every request sharing it sees it
-
-    def _unshare(self, held: _Held) -> None:
-        held.shareable = False
-        if self._shared.get(held.key) is held:
-            del self._shared[held.key]
-
-    def _forget(self, held: _Held) -> None:
-        self._held.pop(held.lease.lease_id, None)
-        if self._shared.get(held.key) is held:
-            del self._shared[held.key]
+            return None
 
     async def release(self, lease: Lease, *, confirm: bool = False) -> None:
         """One request is done with its lease; the last one sharing it tells the controller
         (a publish, so nothing waits for it, unless ``confirm``: then a request, answered
         once the store has it). Releasing twice is harmless."""
-        held = self._held.get(lease.lease_id)
-        if held is None or not held.drop(lease) or held.handles:
+        if not self._leases.drop(lease):
             return
-        self._forget(held)
         message = ReleaseRequest(pool=lease.pool, member=lease.member, lease_id=lease.lease_id)
         if confirm:
             await self._fire(self._subjects.release, message)
@@ -425,18 +292,11 @@ class NatsActivationClient:
             log.warning("pool_message_failed", subject="release", error=type(exc).__name__)
 
     async def report_failure(self, lease: Lease, *, request_id: str, reason: str) -> None:
-        held = self._held.get(lease.lease_id)
-        if held is not None:
-            self._unshare(held)  # later requests ask the controller, which checks it
+        self._leases.unshare(lease)  # later requests ask the controller, which checks it
         message = DispatchFailureReport(
             pool=lease.pool, member=lease.member, request_id=request_id, reason=reason
         )
         await self._fire(self._subjects.report, message)
-
-
-def _next_renewal(lease: Lease, now: float) -> float:
-    """Every ttl/3, sooner as ``valid_until`` nears while renewals go unconfirmed."""
-    return now + max(0.05, min(lease.ttl_s / 3, (lease.valid_until - now) / 2))
 
 
 def _expect_wait(pool: str, reply: IncumbentBusyReply | WaitReply | ErrorReply) -> WaitReply:

@@ -1,0 +1,197 @@
+"""The leases one router holds: shared between its requests for the same member, renewed
+from one task, and proven valid until a moment on this process's loop clock.
+
+**Sharing.** While this router holds a live lease on a member, another request for that
+member shares it instead of asking the controller: the lease already keeps the member
+resident and counted busy fleet-wide (no swap can start while it lives), which is all a
+fresh grant would prove, so the contract is unchanged; the lease is released when the
+last request sharing it ends. Busy stays exact (live leases > 0 exactly while some router
+serves the member); the pool's lease count becomes "routers serving", not "requests". A
+lease is shared only while its renewals are on schedule and no request on it reported a
+dispatch failure (the next request then asks the controller, which checks the resident).
+
+**Renewals** for every held lease come from one background task, not one per lease: most
+leases end before their first renewal is due. Each lease is renewed every ttl/3 (sooner as
+an unconfirmed lease nears the end of its proof); a refusal, or the proof running out
+unconfirmed, sets ``lost`` on every request sharing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+from hotseat_common.logging import get_logger
+from hotseat_common.messages import RenewReply
+from hotseat_router.activation.protocol import Lease
+
+log = get_logger(__name__)
+
+Renew = Callable[[Lease], Awaitable[RenewReply | None]]
+"""Ask the controller to renew a lease; ``None`` when it could not be asked."""
+
+
+@dataclass
+class _Held:
+    """A lease this router holds: the requests using it (one :class:`Lease` handle each,
+    all sharing ``lost``), its proof of validity, and when it is next renewed."""
+
+    lease: Lease
+    due: float
+    handles: list[Lease]
+    renewing: bool = False
+    shareable: bool = True
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.lease.pool, self.lease.member
+
+    def prove(self, valid_until: float) -> None:
+        self.lease.valid_until = valid_until
+        for handle in self.handles:
+            handle.valid_until = valid_until
+
+    def drop(self, handle: Lease) -> bool:
+        """Forget one request's handle; False if it was already gone (released twice)."""
+        for i, held in enumerate(self.handles):
+            if held is handle:
+                del self.handles[i]
+                return True
+        return False
+
+
+class HeldLeases:
+    def __init__(self, renew: Renew) -> None:
+        self._renew_one = renew
+        self._held: dict[str, _Held] = {}
+        self._shared: dict[tuple[str, str], _Held] = {}
+        self._renewer: asyncio.Task[None] | None = None
+        self._renewer_wake = asyncio.Event()
+        self._next_renewal = math.inf
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def stop(self) -> set[asyncio.Task[None]]:
+        """Stop renewing; returns the renewals still on their way (for the caller to let
+        finish)."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        return set(self._tasks)
+
+    def share(self, pool: str, member: str) -> Lease | None:
+        """A handle on a live lease this router already holds on ``member``, if any."""
+        held = self._shared.get((pool, member))
+        if held is None:
+            return None
+        lease = held.lease
+        left = lease.valid_until - asyncio.get_running_loop().time()
+        if lease.lost.is_set() or not held.shareable or left < lease.ttl_s / 2:
+            return None  # renewals behind schedule or the member in doubt: ask
+        handle = replace(lease)  # its own handle; ``lost`` is the same event
+        held.handles.append(handle)
+        return handle
+
+    def hold(self, lease: Lease) -> Lease:
+        """A lease just granted: shared from now on, and renewed until released."""
+        loop = asyncio.get_running_loop()
+        due = _next_renewal(lease, loop.time())
+        held = _Held(lease, due, handles=[lease])
+        self._held[lease.lease_id] = held
+        current = self._shared.get(held.key)
+        if current is None or not current.shareable or current.lease.lost.is_set():
+            self._shared[held.key] = held
+        if self._renewer is None:
+            self._renewer = loop.create_task(self._renew_loop())
+        if due < self._next_renewal:
+            self._renewer_wake.set()
+        return lease
+
+    def drop(self, lease: Lease) -> bool:
+        """One request is done with its handle: True when it was the last one (the lease is
+        forgotten here and must be released at the controller); False otherwise, and for a
+        handle released twice."""
+        held = self._held.get(lease.lease_id)
+        if held is None or not held.drop(lease) or held.handles:
+            return False
+        self._held.pop(lease.lease_id, None)
+        if self._shared.get(held.key) is held:
+            del self._shared[held.key]
+        return True
+
+    def unshare(self, lease: Lease) -> None:
+        """The requests on this lease go on; new ones ask the controller."""
+        held = self._held.get(lease.lease_id)
+        if held is not None:
+            self._unshare(held)
+
+    def _unshare(self, held: _Held) -> None:
+        held.shareable = False
+        if self._shared.get(held.key) is held:
+            del self._shared[held.key]
+
+    async def _renew_loop(self) -> None:
+        """Renew each held lease every ttl/3 and move its ``valid_until`` on each confirmed
+        renewal. A refusal, or ``valid_until`` passing unconfirmed (the controller or its
+        store unreachable for a whole TTL, or this loop stalled), means the lease may be
+        gone: set ``lost``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            for held in list(self._held.values()):
+                if held.renewing or held.due > now or held.lease.lost.is_set():
+                    continue
+                if now >= held.lease.valid_until:
+                    self._lose(held)
+                    continue
+                held.renewing = True
+                task = loop.create_task(self._renew(held))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            waiting = [
+                h.due for h in self._held.values() if not h.renewing and not h.lease.lost.is_set()
+            ]
+            self._next_renewal = min(waiting, default=math.inf)
+            self._renewer_wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(self._next_renewal if waiting else None):
+                    await self._renewer_wake.wait()
+
+    async def _renew(self, held: _Held) -> None:
+        lease = held.lease
+        loop = asyncio.get_running_loop()
+        asked_at = loop.time()
+        try:
+            reply = await self._renew_one(lease)
+        finally:
+            held.renewing = False
+        if self._held.get(lease.lease_id) is not held or lease.lost.is_set():
+            return  # released or lost meanwhile
+        if reply is not None and reply.ok:
+            held.prove(asked_at + reply.ttl_s)
+            if not reply.shareable:
+                # The member fails its health checks: the requests on this lease go on,
+                # new ones ask the controller (which holds or skips them).
+                self._unshare(held)
+        elif reply is not None and reply.code is None:
+            self._lose(held)
+            return
+        held.due = _next_renewal(lease, loop.time())
+        if held.due < self._next_renewal:
+            self._renewer_wake.set()
+
+    def _lose(self, held: _Held) -> None:
+        """Renewing stops; the requests on it end, and the last one still releases it."""
+        lease = held.lease
+        if self._shared.get(held.key) is held:
+            del self._shared[held.key]
+        log.error("lease_lost", pool=lease.pool, member=lease.member, lease=lease.lease_id)
+        lease.lost.set()  # every request sharing it sees it
+
+
+def _next_renewal(lease: Lease, now: float) -> float:
+    """Every ttl/3, sooner as ``valid_until`` nears while renewals go unconfirmed."""
+    return now + max(0.05, min(lease.ttl_s / 3, (lease.valid_until - now) / 2))
