@@ -28,6 +28,7 @@ from hotseat_common.config.model import Backend, RouterPolicy, Tier
 from hotseat_common.errors import (
     ActivationTimeout,
     ControllerUnavailable,
+    ErrorCode,
     IncumbentBusy,
     QueueFull,
     SwapFailed,
@@ -199,9 +200,9 @@ class Dispatcher:
             result = "timeout"
             raise
         except SwapFailed as exc:
-            result = "swap_failed"
+            result = ErrorCode.SWAP_FAILED
             tally.failed += 1
-            log.warning("swap_failed", backend=backend.name, pool=pool, error=str(exc))
+            log.warning(ErrorCode.SWAP_FAILED, backend=backend.name, pool=pool, error=str(exc))
         except (ControllerUnavailable, UnknownPool) as exc:
             result = "unavailable"
             tally.unavailable.append(exc.retry_after)

@@ -61,7 +61,7 @@ class Granted(WireModel):
 
 
 class IncumbentBusyReply(WireModel):
-    status: Literal["incumbent_busy"] = "incumbent_busy"
+    status: Literal[ErrorCode.INCUMBENT_BUSY] = ErrorCode.INCUMBENT_BUSY
     resident: str | None = None
     retry_after_s: float
 

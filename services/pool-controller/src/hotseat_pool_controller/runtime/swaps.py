@@ -18,6 +18,7 @@ from collections.abc import Callable
 from redis.exceptions import RedisError
 
 from hotseat_common.logging import get_logger
+from hotseat_common.messages import PoolOutcome
 from hotseat_pool_controller.decisions.model import (
     NOTHING,
     Decision,
@@ -149,8 +150,8 @@ class SwapRunner:
         await self._driver.unload(order.target, epoch=order.epoch)
 
     async def _fail(self, order: SwapOrder, reason: str) -> None:
-        log.error("swap_failed", pool=self._policy.name, target=order.target, epoch=order.epoch,
-                  reason=reason)  # fmt: skip
+        log.error(PoolOutcome.SWAP_FAILED, pool=self._policy.name, target=order.target,
+                  epoch=order.epoch, reason=reason)  # fmt: skip
         await self._still_owner(order)
         if order.target:
             try:
@@ -161,7 +162,7 @@ class SwapRunner:
                           target=order.target, error=str(exc))  # fmt: skip
         await self._step(
             lambda s: decide_fail(s, self._policy, order.epoch, self._controller, reason),
-            "swap_failed",
+            PoolOutcome.SWAP_FAILED,
         )
 
     async def _heartbeat(self, epoch: int, work: asyncio.Task[object] | None) -> None:

@@ -24,6 +24,7 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
+from hotseat_common.errors import ErrorCode
 from hotseat_common.logging import get_logger
 from hotseat_common.messages import RenewReply
 from hotseat_router.activation.protocol import Lease
@@ -188,7 +189,7 @@ class HeldLeases:
         lease = held.lease
         if self._shared.get(held.key) is held:
             del self._shared[held.key]
-        log.error("lease_lost", pool=lease.pool, member=lease.member, lease=lease.lease_id)
+        log.error(ErrorCode.LEASE_LOST, pool=lease.pool, member=lease.member, lease=lease.lease_id)
         lease.lost.set()  # every request sharing it sees it
 
 
