@@ -39,15 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import httpx2
 from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
-from lightkube import operators as op
-from lightkube.models.meta_v1 import LabelSelector
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
@@ -57,6 +53,17 @@ from hotseat_common.config.model import KubernetesDriver as KubernetesDriverConf
 from hotseat_common.logging import get_logger
 from hotseat_pool_controller.drivers.base import DriverError, Fenced
 from hotseat_pool_controller.drivers.probes import fetch_idle
+from hotseat_pool_controller.drivers.workloads import (
+    Selector,
+    Workload,
+    WorkloadSpec,
+    available,
+    container_port,
+    pod_name,
+    raise_if_failed,
+    replica_count,
+    selector_of,
+)
 
 __all__ = ["KubernetesDriver"]
 
@@ -70,22 +77,6 @@ HTTP_CONFLICT = 409
 WATCH_SERVER_TIMEOUT_S = 60
 """A pod watch is re-opened (from the last resource version) at least this often."""
 
-Workload = Deployment | StatefulSet
-Selector = dict[str, str | op.Operator[Any] | Iterable[Any] | None]
-
-
-@dataclass(frozen=True)
-class _Spec:
-    member: str
-    kind: type[Deployment | StatefulSet]
-    name: str
-    namespace: str
-    slots_port: int | None
-
-    @property
-    def label(self) -> str:
-        return f"{self.kind.__name__.lower()} {self.namespace}/{self.name}"
-
 
 class KubernetesDriver:
     """Scales each member's workload between 0 and 1 replica; see the module docstring."""
@@ -98,12 +89,12 @@ class KubernetesDriver:
         if not isinstance(driver, KubernetesDriverConfig):
             raise DriverError(f"pool {pool.name}: not a kubernetes pool")
         self._pool = pool.name
-        self._specs: dict[str, _Spec] = {}
+        self._specs: dict[str, WorkloadSpec] = {}
         for member in pool.members:
             workload = member.kubernetes
             if workload is None:
                 raise DriverError(f"pool {pool.name}: member {member.name} has no kubernetes block")
-            self._specs[member.name] = _Spec(
+            self._specs[member.name] = WorkloadSpec(
                 member=member.name,
                 kind=Deployment if workload.workload == "Deployment" else StatefulSet,
                 name=workload.name,
@@ -140,25 +131,25 @@ class KubernetesDriver:
         spec = self._spec(member)
         async with self._locks[member]:
             workload = await self._workload(spec)
-            if _replicas(workload) != 1:
+            if replica_count(workload) != 1:
                 workload = await self._scale(spec, 1, epoch, workload)
                 log.info("kubernetes_scaled", pool=self._pool, member=member,
                          workload=spec.label, replicas=1, epoch=epoch)  # fmt: skip
-            while not _available(workload):
+            while not available(workload):
                 await asyncio.sleep(self.poll_interval_s)
                 workload = await self._workload(spec)
-                _raise_if_failed(spec, workload)
+                raise_if_failed(spec, workload)
 
     async def unload(self, member: str, *, epoch: int) -> None:
         spec = self._spec(member)
         async with self._locks[member]:
             workload = await self._workload(spec)
-            if _replicas(workload) != 0:
+            if replica_count(workload) != 0:
                 workload = await self._scale(spec, 0, epoch, workload)
                 log.info("kubernetes_scaled", pool=self._pool, member=member,
                          workload=spec.label, replicas=0, epoch=epoch)  # fmt: skip
             started = time.monotonic()
-            await self._wait_pods_gone(spec, _selector(spec, workload))
+            await self._wait_pods_gone(spec, selector_of(spec, workload))
             log.info("kubernetes_pods_gone", pool=self._pool, member=member,
                      workload=spec.label, seconds=round(time.monotonic() - started, 3))  # fmt: skip
 
@@ -170,7 +161,7 @@ class KubernetesDriver:
             log.warning("kubernetes_ready_check_failed", pool=self._pool, member=member,
                         error=str(exc))  # fmt: skip
             return False
-        return _replicas(workload) >= 1 and _available(workload)
+        return replica_count(workload) >= 1 and available(workload)
 
     async def fence(self, epoch: int) -> None:
         """Record ``epoch`` on every member's workload (conditional writes, as for a scale)."""
@@ -181,7 +172,7 @@ class KubernetesDriver:
                 log.warning("kubernetes_fence_failed", pool=self._pool, member=spec.member,
                             error=str(exc))  # fmt: skip
 
-    async def _record_epoch(self, spec: _Spec, epoch: int) -> None:
+    async def _record_epoch(self, spec: WorkloadSpec, epoch: int) -> None:
         for _ in range(CONFLICT_RETRIES):
             workload = await self._workload(spec)
             metadata = workload.metadata
@@ -204,7 +195,7 @@ class KubernetesDriver:
         spec = self._spec(member)
         try:
             workload = await self._workload(spec)
-            return not await self._pods(spec, _selector(spec, workload))
+            return not await self._pods(spec, selector_of(spec, workload))
         except DriverError as exc:
             log.warning("kubernetes_gone_check_failed", pool=self._pool, member=member,
                         error=str(exc))  # fmt: skip
@@ -213,7 +204,7 @@ class KubernetesDriver:
     async def is_idle(self, member: str) -> bool:
         spec = self._spec(member)
         workload = await self._workload(spec)
-        pods = await self._pods(spec, _selector(spec, workload))
+        pods = await self._pods(spec, selector_of(spec, workload))
         urls = [url for pod in pods if (url := self._slots_url(spec, pod)) is not None]
         answers = await asyncio.gather(*(fetch_idle(self._http, member, url) for url in urls))
         return all(answers)
@@ -243,13 +234,13 @@ class KubernetesDriver:
 
     # --- internals --------------------------------------------------------------------
 
-    def _spec(self, member: str) -> _Spec:
+    def _spec(self, member: str) -> WorkloadSpec:
         try:
             return self._specs[member]
         except KeyError:
             raise DriverError(f"pool {self._pool}: no member {member!r}") from None
 
-    async def _call(self, spec: _Spec, action: str, call: Any) -> Any:
+    async def _call(self, spec: WorkloadSpec, action: str, call: Any) -> Any:
         """Await one API call, translating every client error into a DriverError."""
         try:
             return await call
@@ -264,13 +255,15 @@ class KubernetesDriver:
                 f"{spec.member}: {action} {spec.label}: {type(exc).__name__}: {exc}"
             ) from exc
 
-    async def _workload(self, spec: _Spec) -> Workload:
+    async def _workload(self, spec: WorkloadSpec) -> Workload:
         workload: Workload = await self._call(
             spec, "read", self._kube.get(spec.kind, spec.name, namespace=spec.namespace)
         )
         return workload
 
-    async def _scale(self, spec: _Spec, replicas: int, epoch: int, workload: Workload) -> Workload:
+    async def _scale(
+        self, spec: WorkloadSpec, replicas: int, epoch: int, workload: Workload
+    ) -> Workload:
         """Record ``epoch`` on the workload, then scale it, each write conditional on the
         version it was computed from (see the module docstring); the workload as read."""
         for _ in range(CONFLICT_RETRIES):
@@ -308,7 +301,7 @@ class KubernetesDriver:
             return workload
         raise DriverError(f"{spec.member}: scale {spec.label}: kept conflicting with other writers")
 
-    async def _patch(self, spec: _Spec, kind: Any, body: dict[str, Any], action: str) -> Any:
+    async def _patch(self, spec: WorkloadSpec, kind: Any, body: dict[str, Any], action: str) -> Any:
         return await self._call(
             spec,
             action,
@@ -317,7 +310,7 @@ class KubernetesDriver:
             ),
         )
 
-    async def _pods(self, spec: _Spec, selector: Selector) -> list[Pod]:
+    async def _pods(self, spec: WorkloadSpec, selector: Selector) -> list[Pod]:
         async def collect() -> list[Pod]:
             return [
                 pod async for pod in self._kube.list(Pod, namespace=spec.namespace, labels=selector)
@@ -326,7 +319,7 @@ class KubernetesDriver:
         pods: list[Pod] = await self._call(spec, "list pods of", collect())
         return pods
 
-    async def _wait_pods_gone(self, spec: _Spec, selector: Selector) -> None:
+    async def _wait_pods_gone(self, spec: WorkloadSpec, selector: Selector) -> None:
         """Return once no pod matches ``selector``: list, then watch until all are deleted.
 
         The watch starts at the list's resource version, so no deletion between the two
@@ -354,25 +347,25 @@ class KubernetesDriver:
                 raise
             return
 
-    async def _pod_names(self, spec: _Spec, selector: Selector) -> tuple[set[str], str]:
+    async def _pod_names(self, spec: WorkloadSpec, selector: Selector) -> tuple[set[str], str]:
         """Names of the pods ``selector`` matches, and the list's resource version."""
         listing = self._kube.list(Pod, namespace=spec.namespace, labels=selector)
 
         async def collect() -> set[str]:
-            return {_pod_name(pod) async for pod in listing}
+            return {pod_name(pod) async for pod in listing}
 
         names: set[str] = await self._call(spec, "list pods of", collect())
         return names, listing.resourceVersion
 
-    def _slots_url(self, spec: _Spec, pod: Pod) -> str | None:
+    def _slots_url(self, spec: WorkloadSpec, pod: Pod) -> str | None:
         """The pod's /slots URL; None for a pod without an IP (it serves nothing)."""
         ip = pod.status.podIP if pod.status is not None else None
         if not ip:
             return None
-        port = spec.slots_port or _container_port(pod)
+        port = spec.slots_port or container_port(pod)
         if port is None:
             raise DriverError(
-                f"{spec.member}: pod {_pod_name(pod)} declares no container port; "
+                f"{spec.member}: pod {pod_name(pod)} declares no container port; "
                 "set the member's kubernetes.slotsPort"
             )
         host = f"[{ip}]" if ":" in ip else ip
@@ -386,9 +379,9 @@ async def _until_empty(watch: Any, remaining: set[str]) -> None:
             if event == "BOOKMARK":
                 continue
             if event == "DELETED":
-                remaining.discard(_pod_name(pod))
+                remaining.discard(pod_name(pod))
             else:
-                remaining.add(_pod_name(pod))
+                remaining.add(pod_name(pod))
             if not remaining:
                 return
     finally:
@@ -398,82 +391,3 @@ async def _until_empty(watch: Any, remaining: set[str]) -> None:
 def _conflict(exc: DriverError) -> bool:
     cause = exc.__cause__
     return isinstance(cause, ApiError) and cause.status.code == HTTP_CONFLICT
-
-
-def _pod_name(pod: Pod) -> str:
-    return pod.metadata.name if pod.metadata is not None and pod.metadata.name else "?"
-
-
-def _replicas(workload: Workload) -> int:
-    replicas = workload.spec.replicas if workload.spec is not None else None
-    return 1 if replicas is None else replicas  # the API defaults an unset count to 1
-
-
-def _available(workload: Workload) -> bool:
-    available = workload.status.availableReplicas if workload.status is not None else None
-    return (available or 0) >= 1
-
-
-def _raise_if_failed(spec: _Spec, workload: Workload) -> None:
-    """A Deployment that reports its rollout stuck will not become available. Only a
-    status the Deployment controller wrote after seeing the current spec counts (an old
-    failure from before this scale-up says nothing about it)."""
-    if not isinstance(workload, Deployment) or workload.status is None:
-        return
-    generation = workload.metadata.generation if workload.metadata is not None else None
-    observed = workload.status.observedGeneration
-    if generation is None or observed is None or observed < generation:
-        return
-    for condition in workload.status.conditions or ():
-        stuck = (
-            condition.type == "Progressing"
-            and condition.status == "False"
-            and condition.reason == "ProgressDeadlineExceeded"
-        )
-        failure = condition.type == "ReplicaFailure" and condition.status == "True"
-        if stuck or failure:
-            raise DriverError(
-                f"{spec.member}: {spec.label} cannot become available: "
-                f"{condition.reason}: {condition.message}"
-            )
-
-
-def _selector(spec: _Spec, workload: Workload) -> Selector:
-    """The workload's pod selector as lightkube label filters."""
-    selector: LabelSelector | None = workload.spec.selector if workload.spec is not None else None
-    if selector is None:
-        raise DriverError(f"{spec.member}: {spec.label} has no pod selector")
-    labels: Selector = dict(_match_labels(selector.matchLabels))
-    for requirement in selector.matchExpressions or ():
-        values = requirement.values or []
-        operators: dict[str, op.Operator[Any]] = {
-            "In": op.in_(values),
-            "NotIn": op.not_in(values),
-            "Exists": op.exists(),
-            "DoesNotExist": op.not_exists(),
-        }
-        if requirement.operator not in operators or requirement.key in labels:
-            raise DriverError(
-                f"{spec.member}: {spec.label} selector {requirement.key} "
-                f"{requirement.operator} cannot be expressed as a label filter"
-            )
-        labels[requirement.key] = operators[requirement.operator]
-    if not labels:
-        raise DriverError(f"{spec.member}: {spec.label} has an empty pod selector")
-    return labels
-
-
-def _match_labels(labels: Mapping[str, str] | None) -> Mapping[str, str]:
-    return labels or {}
-
-
-def _container_port(pod: Pod) -> int | None:
-    """The container port named ``http``, else the first declared one."""
-    ports = [
-        port
-        for container in (pod.spec.containers if pod.spec is not None else [])
-        for port in container.ports or ()
-    ]
-    named = next((p for p in ports if p.name == "http"), None)
-    chosen = named or (ports[0] if ports else None)
-    return chosen.containerPort if chosen is not None else None

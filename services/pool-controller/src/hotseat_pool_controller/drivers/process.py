@@ -32,29 +32,25 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 
 from hotseat_common.config.model import HotseatConfig, Pool
 from hotseat_common.config.model import ProcessDriver as ProcessDriverConfig
-from hotseat_common.config.model import ProcessMember as ProcessMemberConfig
 from hotseat_common.logging import get_logger
 from hotseat_pool_controller.drivers import processgroup
 from hotseat_pool_controller.drivers.base import DriverError, Fenced
-from hotseat_pool_controller.drivers.expansion import expand
 from hotseat_pool_controller.drivers.fence import EpochFence
 from hotseat_pool_controller.drivers.probes import fetch_idle
+from hotseat_pool_controller.drivers.process_spec import MemberProcess, default_data_dir
 from hotseat_pool_controller.drivers.processgroup import PidRecord
 
-__all__ = ["ProcessDriver", "default_data_dir"]
+__all__ = ["ProcessDriver"]
 
 log = get_logger(__name__)
 
@@ -67,59 +63,6 @@ PORT_RELEASE_TIMEOUT_S = 5.0
 HEALTH_ATTEMPTS_BEFORE_RESTART = 3
 """Health probes a running, once-ready member must fail before a load restarts it."""
 HTTP_TIMEOUT = httpx.Timeout(2.0, connect=1.0)
-
-
-def default_data_dir() -> Path:
-    """``$XDG_STATE_HOME/hotseat``, else ``~/.local/state/hotseat``."""
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "hotseat"
-
-
-@dataclass(frozen=True)
-class _Spec:
-    """One member, resolved from the config."""
-
-    name: str
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    cwd: str | None
-    health_url: str
-    slots_url: str
-    host: str
-    port: int
-    log_path: Path
-    pid_path: Path
-    unset: tuple[str, ...] = ()
-    """Variables named by the command, ``cwd`` or ``logFile`` that are not set."""
-
-
-@dataclass(frozen=True)
-class _Resolved:
-    env: dict[str, str]
-    argv: tuple[str, ...]
-    cwd: str | None
-    log_file: str | None
-    unset: tuple[str, ...]
-
-
-def _resolve(member: ProcessMemberConfig) -> _Resolved:
-    """The member's env, then its argv, ``cwd`` and ``logFile``, expanded (see expansion)."""
-    unset: set[str] = set()
-
-    def one(value: str, scope: Mapping[str, str]) -> str:
-        expanded = expand(value, scope)
-        unset.update(expanded.missing)
-        return expanded.value
-
-    env = {key: one(value, os.environ) for key, value in member.env.items()}
-    scope = {**os.environ, **env}
-    return _Resolved(
-        env=env,
-        argv=tuple(one(arg, scope) for arg in member.command),
-        cwd=None if member.cwd is None else one(member.cwd, scope),
-        log_file=None if member.log_file is None else one(member.log_file, scope),
-        unset=tuple(sorted(unset)),
-    )
 
 
 @dataclass
@@ -159,12 +102,6 @@ class _Running:
         return True
 
 
-def _address(url: str) -> tuple[str, int]:
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return parts.hostname or "127.0.0.1", port
-
-
 class ProcessDriver:
     """Runs each member as a local process; see the module docstring for the algorithm."""
 
@@ -176,33 +113,10 @@ class ProcessDriver:
         self._ready_timeout = pool.driver.ready_timeout
         data_dir = Path(pool.driver.data_dir) if pool.driver.data_dir else default_data_dir()
         self._dir = data_dir.expanduser() / pool.name
-        self._specs: dict[str, _Spec] = {}
-        for member in pool.members:
-            if member.process is None:
-                raise DriverError(f"pool {pool.name}: member {member.name} has no process block")
-            backend = config.member_backend(pool.name, member.name)
-            base = backend.address if backend is not None else None
-            health = member.process.health_url or (base + "/health" if base else None)
-            if health is None:
-                raise DriverError(
-                    f"pool {pool.name}: member {member.name} needs a healthUrl or a backend"
-                )
-            resolved = _resolve(member.process)
-            log_file = Path(resolved.log_file or f"{member.name}.log")
-            host, port = _address(base or health)
-            self._specs[member.name] = _Spec(
-                name=member.name,
-                argv=resolved.argv,
-                env=resolved.env,
-                cwd=resolved.cwd,
-                health_url=health,
-                slots_url=member.process.slots_url or (base or health.rsplit("/", 1)[0]) + "/slots",
-                host=host,
-                port=port,
-                log_path=log_file if log_file.is_absolute() else self._dir / log_file,
-                pid_path=self._dir / f"{member.name}.pid",
-                unset=resolved.unset,
-            )
+        self._specs = {
+            member.name: MemberProcess.from_config(config, pool, member, self._dir)
+            for member in pool.members
+        }
         self._running: dict[str, _Running] = {}
         self._locks = {name: asyncio.Lock() for name in self._specs}
         self._fence = EpochFence(self._dir / "fence")
@@ -295,13 +209,13 @@ class ProcessDriver:
 
     # --- internals --------------------------------------------------------------------
 
-    def _spec(self, member: str) -> _Spec:
+    def _spec(self, member: str) -> MemberProcess:
         try:
             return self._specs[member]
         except KeyError:
             raise DriverError(f"pool {self._pool}: no member {member!r}") from None
 
-    def _find(self, spec: _Spec) -> _Running | None:
+    def _find(self, spec: MemberProcess) -> _Running | None:
         """This member's process: the one started here, else the one in its pid file."""
         run = self._running.get(spec.name)
         if run is not None:
@@ -319,7 +233,7 @@ class ProcessDriver:
         self._running[spec.name] = run
         return run
 
-    async def _health_ok(self, spec: _Spec, *, attempts: int = 1) -> bool:
+    async def _health_ok(self, spec: MemberProcess, *, attempts: int = 1) -> bool:
         for attempt in range(attempts):
             if attempt:
                 await asyncio.sleep(POLL_INTERVAL_S * 2)
@@ -331,27 +245,8 @@ class ProcessDriver:
                 return True
         return False
 
-    def _executable(self, spec: _Spec) -> str:
-        if spec.unset:
-            names = ", ".join("${" + name + "}" for name in spec.unset)
-            raise DriverError(
-                f"{spec.name}: its command, cwd or logFile uses {names}, not set in the "
-                "controller's environment (give a default with ${NAME:-default})"
-            )
-        command = spec.argv[0]
-        path = spec.env.get("PATH", os.environ.get("PATH"))
-        if os.sep in command and spec.cwd is not None:
-            command = str(Path(spec.cwd) / command)
-        found = shutil.which(command, path=path)
-        if found is None:
-            raise DriverError(
-                f"{spec.name}: cannot start {spec.argv[0]!r}: not found or not executable"
-                + ("" if os.sep in spec.argv[0] else " on PATH")
-            )
-        return found
-
-    async def _start(self, spec: _Spec, epoch: int) -> _Running:
-        executable = self._executable(spec)
+    async def _start(self, spec: MemberProcess, epoch: int) -> _Running:
+        executable = spec.executable()
         if await processgroup.port_accepts(spec.host, spec.port):
             raise DriverError(
                 f"{spec.name}: {spec.host}:{spec.port} already accepts connections but no "
@@ -396,7 +291,7 @@ class ProcessDriver:
                  epoch=epoch, log=str(spec.log_path))  # fmt: skip
         return run
 
-    async def _wait_ready(self, spec: _Spec, run: _Running, epoch: int) -> None:
+    async def _wait_ready(self, spec: MemberProcess, run: _Running, epoch: int) -> None:
         deadline = None if self._ready_timeout is None else run.started + self._ready_timeout
         while True:
             if not run.alive():
@@ -423,7 +318,7 @@ class ProcessDriver:
             await run.wait_exit(POLL_INTERVAL_S)  # wakes at once when the process exits
 
     async def _stop(
-        self, spec: _Spec, run: _Running, *, epoch: int | None, confirm_port: bool = True
+        self, spec: MemberProcess, run: _Running, *, epoch: int | None, confirm_port: bool = True
     ) -> None:
         """SIGTERM the group (through the epoch fence), SIGKILL after the grace period,
         confirm the group is gone. ``epoch`` ``None``: a shutdown, under the highest epoch
@@ -462,7 +357,7 @@ class ProcessDriver:
             await asyncio.sleep(POLL_INTERVAL_S)
         return True
 
-    async def _confirm_port_released(self, spec: _Spec) -> None:
+    async def _confirm_port_released(self, spec: MemberProcess) -> None:
         deadline = time.monotonic() + PORT_RELEASE_TIMEOUT_S
         while await processgroup.port_accepts(spec.host, spec.port):
             if time.monotonic() >= deadline:
