@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -57,24 +58,24 @@ def _stale(sim: Sim, exc: StaleEpoch) -> Response:
 
 @router.post("/load", response_model=None)
 async def load(request: Request, sim: Sim) -> Response:
-    try:
-        command = await _command(request)
-    except BadRequest as exc:
-        return invalid_request(str(exc))
-    try:
-        return _answer(await sim.model.load(command.get("epoch")))
-    except StaleEpoch as exc:
-        return _stale(sim, exc)
+    return await _control(request, sim, sim.model.load)
 
 
 @router.post("/unload", response_model=None)
 async def unload(request: Request, sim: Sim) -> Response:
+    return await _control(request, sim, sim.model.unload)
+
+
+async def _control(
+    request: Request, sim: Sim, action: Callable[[int | None], Awaitable[ControlResult]]
+) -> Response:
+    """A load or unload command, fenced by its ``epoch``."""
     try:
         command = await _command(request)
     except BadRequest as exc:
         return invalid_request(str(exc))
     try:
-        return _answer(await sim.model.unload(command.get("epoch")))
+        return _answer(await action(command.get("epoch")))
     except StaleEpoch as exc:
         return _stale(sim, exc)
 

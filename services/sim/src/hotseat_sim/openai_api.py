@@ -11,10 +11,10 @@ status with an OpenAI error body (for tests of how callers treat upstream errors
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Request, Response
@@ -49,6 +49,8 @@ from hotseat_sim.runtime import (
 )
 
 log = get_logger(__name__)
+
+AskT = TypeVar("AskT")
 
 router = APIRouter()
 
@@ -180,6 +182,20 @@ async def _body(request: Request, sim: SimRuntime) -> Any:
     return body
 
 
+async def _admit(
+    request: Request, sim: SimRuntime, parse: Callable[[Any], AskT]
+) -> tuple[AskT, Ticket] | Response:
+    """The parsed request and its ticket, or the response that refuses it."""
+    try:
+        ask = parse(await _body(request, sim))
+    except BadRequest as exc:
+        return invalid_request(str(exc))
+    ticket = _ticket(request, sim)
+    if isinstance(ticket, Response):
+        return ticket
+    return ask, ticket
+
+
 def _ticket(request: Request, sim: SimRuntime) -> Ticket | Response:
     """Admit the request, or the response that refuses it (forced status, not loaded)."""
     if (forced := _forced(request, sim.profile.member)) is not None:
@@ -248,37 +264,28 @@ async def _serve_text(
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request, sim: Sim) -> Response:
-    try:
-        ask = parse_chat(await _body(request, sim))
-    except BadRequest as exc:
-        return invalid_request(str(exc))
-    ticket = _ticket(request, sim)
-    if isinstance(ticket, Response):
-        return ticket
+    admitted = await _admit(request, sim, parse_chat)
+    if isinstance(admitted, Response):
+        return admitted
+    ask, ticket = admitted
     return await _serve_text(request, sim, ticket, ask, ChatShapes(sim.identity(ask.model)))
 
 
 @router.post("/v1/completions", response_model=None)
 async def completions(request: Request, sim: Sim) -> Response:
-    try:
-        ask = parse_completion(await _body(request, sim))
-    except BadRequest as exc:
-        return invalid_request(str(exc))
-    ticket = _ticket(request, sim)
-    if isinstance(ticket, Response):
-        return ticket
+    admitted = await _admit(request, sim, parse_completion)
+    if isinstance(admitted, Response):
+        return admitted
+    ask, ticket = admitted
     return await _serve_text(request, sim, ticket, ask, CompletionShapes(sim.identity(ask.model)))
 
 
 @router.post("/v1/embeddings", response_model=None)
 async def embeddings(request: Request, sim: Sim) -> Response:
-    try:
-        ask = parse_embeddings(await _body(request, sim))
-    except BadRequest as exc:
-        return invalid_request(str(exc))
-    ticket = _ticket(request, sim)
-    if isinstance(ticket, Response):
-        return ticket
+    admitted = await _admit(request, sim, parse_embeddings)
+    if isinstance(admitted, Response):
+        return admitted
+    ask, ticket = admitted
     done = await _collect(request, sim, ticket, "", 0)
     if isinstance(done, Response):
         return done

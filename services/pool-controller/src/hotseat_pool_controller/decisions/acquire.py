@@ -144,24 +144,12 @@ def _swap_now(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy, controlle
     if target != ask.member and ask.mode == PoolActivation.IF_IDLE:
         # The drained GPU goes to the requests that waited for it; an IfIdle request for
         # another member starts that swap but is not held through it only to be skipped.
-        return Decision(
-            reply=IncumbentBusyReply(resident=snap.resident, retry_after_s=retry_after_s(snap)),
-            ops=(start.state, *withdraw(snap, ask)),
-            pre=start.guard,
-            swap=start.order,
-            audit=(start.audit,),
-        )
-    return Decision(
-        reply=WaitReply(
-            reason=WaitReason.SWAP_IN_FLIGHT,
-            target=target,
-            epoch=start.order.epoch,
-            retry_after_s=retry_after_s(snap),
-        ),
-        ops=(start.state, AddWaiter(ask.member, ask.attempt, ask.deadline_ms)),
+        busy = IncumbentBusyReply(resident=snap.resident, retry_after_s=retry_after_s(snap))
+        return start.decision(busy, also=withdraw(snap, ask))
+    return start.decision(
+        start.wait_reply(snap),
+        also=(AddWaiter(ask.member, ask.attempt, ask.deadline_ms),),
         pre=waiter_cap(snap, policy, start.guard),
-        swap=start.order,
-        audit=(start.audit,),
     )
 
 

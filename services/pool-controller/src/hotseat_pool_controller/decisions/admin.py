@@ -7,7 +7,6 @@ from __future__ import annotations
 from hotseat_common.errors import ErrorCode
 from hotseat_common.messages import ErrorReply, WaitReason, WaitReply
 from hotseat_pool_controller.decisions.busy import needs_slots
-from hotseat_pool_controller.decisions.hold import retry_after_s
 from hotseat_pool_controller.decisions.model import (
     IN_FLIGHT,
     Decision,
@@ -77,18 +76,7 @@ def _start(
     start = start_swap(
         snap, policy, controller, target, reason=reason, forced=True, guard_waiters=False
     )
-    return Decision(
-        reply=WaitReply(
-            reason=WaitReason.SWAP_IN_FLIGHT,
-            target=target,
-            epoch=start.order.epoch,
-            retry_after_s=retry_after_s(snap),
-        ),
-        ops=(start.state,),
-        pre=start.guard,
-        swap=start.order,
-        audit=(start.audit,),
-    )
+    return start.decision(start.wait_reply(snap))
 
 
 def _refusal(snap: PoolSnapshot, policy: PoolPolicy, slots_busy: bool | None) -> Decision | None:

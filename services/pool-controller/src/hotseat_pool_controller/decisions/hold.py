@@ -3,6 +3,8 @@ is told when to expect the pool warm; a request that stops waiting leaves at onc
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hotseat_common.errors import ErrorCode
 from hotseat_common.messages import ErrorReply, WaitReason, WaitReply
 from hotseat_pool_controller.decisions.model import (
@@ -56,14 +58,7 @@ def waiter_cap(snap: PoolSnapshot, policy: PoolPolicy, pre: Preconditions) -> Pr
         message=f"pool {policy.name} holds maxWaiters requests",
         retry_after_s=retry_after_s(snap),
     )
-    return Preconditions(
-        version=pre.version,
-        state_equals=pre.state_equals,
-        zero_leases=pre.zero_leases,
-        zero_waiters=pre.zero_waiters,
-        waiter_cap=policy.max_waiters,
-        over_cap=refusal,
-    )
+    return replace(pre, waiter_cap=policy.max_waiters, over_cap=refusal)
 
 
 def hold(

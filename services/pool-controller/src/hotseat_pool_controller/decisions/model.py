@@ -250,6 +250,18 @@ class AuditIntent:
     reason: str | None = None
     request_id: str | None = None
 
+    @classmethod
+    def of_swap(
+        cls,
+        outcome: PoolOutcome,
+        target: str | None,
+        from_member: str | None,
+        epoch: int,
+        reason: str | None = None,
+    ) -> AuditIntent:
+        """A swap's event: it is about its target, from the member it started from."""
+        return cls(outcome, target, from_member, target, epoch, reason)
+
 
 Reply = Granted | IncumbentBusyReply | WaitReply | ErrorReply
 

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hotseat_common.messages import PoolOutcome
+from hotseat_common.messages import PoolOutcome, WaitReason, WaitReply
 from hotseat_pool_controller.decisions.busy import just_committed
+from hotseat_pool_controller.decisions.hold import retry_after_s
 from hotseat_pool_controller.decisions.model import (
     AuditIntent,
+    Decision,
+    Op,
     Phase,
     PoolPolicy,
     PoolSnapshot,
     Preconditions,
+    Reply,
     SetState,
     SwapOrder,
 )
@@ -32,6 +36,31 @@ class SwapStart:
     its commit, no waiter)."""
     order: SwapOrder
     audit: AuditIntent
+
+    def decision(
+        self,
+        reply: Reply | None = None,
+        *,
+        also: tuple[Op, ...] = (),
+        pre: Preconditions | None = None,
+    ) -> Decision:
+        """The decision that starts this swap (``also``: writes that come with it)."""
+        return Decision(
+            reply=reply,
+            ops=(self.state, *also),
+            pre=pre or self.guard,
+            swap=self.order,
+            audit=(self.audit,),
+        )
+
+    def wait_reply(self, snap: PoolSnapshot) -> WaitReply:
+        """What a request held for this swap is told."""
+        return WaitReply(
+            reason=WaitReason.SWAP_IN_FLIGHT,
+            target=self.order.target or None,
+            epoch=self.order.epoch,
+            retry_after_s=retry_after_s(snap),
+        )
 
 
 def start_swap(

@@ -55,13 +55,12 @@ def decide_begin_load(snap: PoolSnapshot, epoch: int, controller: str) -> Decisi
                 state_equals=owned_by(epoch, controller), zero_waiters=(snap.target,)
             ),
             audit=(
-                AuditIntent(
+                AuditIntent.of_swap(
                     PoolOutcome.SWAP_CANCELLED,
-                    member=snap.target,
-                    from_member=snap.from_member,
-                    to_member=snap.target,
-                    epoch=epoch,
-                    reason="demand_gone_before_load",
+                    snap.target,
+                    snap.from_member,
+                    epoch,
+                    "demand_gone_before_load",
                 ),
             ),
         )
@@ -96,13 +95,7 @@ def decide_commit(snap: PoolSnapshot, epoch: int, controller: str) -> Decision |
         ),
         pre=_still_owned(epoch, controller),
         audit=(
-            AuditIntent(
-                PoolOutcome.SWAP_COMPLETED,
-                member=snap.target,
-                from_member=snap.from_member,
-                to_member=snap.target,
-                epoch=epoch,
-            ),
+            AuditIntent.of_swap(PoolOutcome.SWAP_COMPLETED, snap.target, snap.from_member, epoch),
         ),
     )
 
@@ -118,12 +111,7 @@ def decide_fail(
             ops=(_cold_state(),),
             pre=_still_owned(epoch, controller),
             audit=(
-                AuditIntent(
-                    PoolOutcome.SWAP_FAILED,
-                    from_member=snap.from_member,
-                    epoch=epoch,
-                    reason=reason,
-                ),
+                AuditIntent.of_swap(PoolOutcome.SWAP_FAILED, None, snap.from_member, epoch, reason),
             ),
         )
     return Decision(
@@ -134,13 +122,8 @@ def decide_fail(
         ),
         pre=_still_owned(epoch, controller),
         audit=(
-            AuditIntent(
-                PoolOutcome.SWAP_FAILED,
-                member=snap.target,
-                from_member=snap.from_member,
-                to_member=snap.target,
-                epoch=epoch,
-                reason=reason,
+            AuditIntent.of_swap(
+                PoolOutcome.SWAP_FAILED, snap.target, snap.from_member, epoch, reason
             ),
         ),
     )

@@ -56,8 +56,7 @@ def _toward(
         return NOTHING
     if needs_slots(snap, policy, slots_busy):
         return Decision(need_idle_check=snap.resident)
-    start = start_swap(snap, policy, controller, demand, reason="demand")
-    return Decision(ops=(start.state,), pre=start.guard, swap=start.order, audit=(start.audit,))
+    return start_swap(snap, policy, controller, demand, reason="demand").decision()
 
 
 def _demand(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
@@ -79,13 +78,12 @@ def _drain_without_demand(snap: PoolSnapshot, demand: str | None) -> Decision:
         ops=(set_state(phase=Phase.IDLE, target=None),),
         pre=Preconditions(version=snap.version, zero_waiters=(snap.target,) if snap.target else ()),
         audit=(
-            AuditIntent(
+            AuditIntent.of_swap(
                 PoolOutcome.SWAP_CANCELLED,
-                member=snap.target,
-                from_member=snap.resident,
-                to_member=snap.target,
-                epoch=snap.epoch,
-                reason="demand_gone_while_draining",
+                snap.target,
+                snap.resident,
+                snap.epoch,
+                "demand_gone_while_draining",
             ),
         ),
     )
@@ -99,10 +97,9 @@ def _warm_default(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> De
         and policy.default
         and snap.failures.get(policy.default, 0) <= 0
     ):
-        start = start_swap(
+        return start_swap(
             snap, policy, controller, policy.default, reason="warm_default", forced=True
-        )
-        return Decision(ops=(start.state,), pre=start.guard, swap=start.order, audit=(start.audit,))
+        ).decision()
     return NOTHING
 
 

@@ -86,26 +86,17 @@ class Announcer:
         )
 
     def audit(self, pool: str, intent: AuditIntent) -> None:
+        about = {
+            "pool": pool,
+            "member": intent.member,
+            "from_member": intent.from_member,
+            "to_member": intent.to_member,
+            "epoch": intent.epoch,
+            "reason": intent.reason,
+        }
         self._audit.emit(
             pool_event(
-                intent.outcome,
-                controller=self.controller,
-                pool=pool,
-                member=intent.member,
-                from_member=intent.from_member,
-                to_member=intent.to_member,
-                epoch=intent.epoch,
-                reason=intent.reason,
-                request_id=intent.request_id,
+                intent.outcome, controller=self.controller, request_id=intent.request_id, **about
             )
         )
-        log.info(
-            "pool_event",
-            outcome=intent.outcome.value,
-            pool=pool,
-            member=intent.member,
-            from_member=intent.from_member,
-            to_member=intent.to_member,
-            epoch=intent.epoch,
-            reason=intent.reason,
-        )
+        log.info("pool_event", outcome=intent.outcome.value, **about)

@@ -244,45 +244,28 @@ def encode_op(op: Op, keys: PoolKeys) -> dict[str, Any]:  # noqa: PLR0911 - one 
         case SetState(fields=fields, bump=bump):
             return {"op": "hset", "fields": dict(fields), "bump": bump}
         case AddLease():
-            return {
-                "op": "lease",
-                "key": keys.members[op.member].leases,
-                "expiry": op.expiry_ms,
-                "id": op.lease_id,
-                "meta_key": keys.lease_meta,
-                "meta": _lease_meta(op),
-                "attempt_key": keys.attempt_leases,
-                "attempt": op.attempt,
-            }
+            leases, meta = keys.members[op.member].leases, _lease_meta(op)
+            return _op("lease", leases, expiry=op.expiry_ms, id=op.lease_id, meta=meta,
+                       meta_key=keys.lease_meta, attempt_key=keys.attempt_leases,
+                       attempt=op.attempt)  # fmt: skip
         case AddWaiter():
-            return {
-                "op": "zadd",
-                "key": keys.members[op.member].waiters,
-                "score": op.deadline_ms,
-                "member": op.attempt,
-            }
+            waiters = keys.members[op.member].waiters
+            return _op("zadd", waiters, score=op.deadline_ms, member=op.attempt)
         case RemoveWaiter():
-            return {"op": "zrem", "key": keys.members[op.member].waiters, "member": op.attempt}
+            return _op("zrem", keys.members[op.member].waiters, member=op.attempt)
         case ClearWaiters():
-            return {"op": "del", "key": keys.members[op.member].waiters}
+            return _op("del", keys.members[op.member].waiters)
         case SetFailure():
-            return {
-                "op": "setpx",
-                "key": keys.members[op.member].failure,
-                "value": op.reason,
-                "px": op.ttl_ms,
-            }
+            failure = keys.members[op.member].failure
+            return _op("setpx", failure, value=op.reason, px=op.ttl_ms)
         case RecordSwapTime():
-            return {
-                "op": "lpush_trim",
-                "key": keys.swap_times,
-                "value": f"{op.seconds:.3f}",
-                "keep": SWAP_TIMES_KEPT,
-            }
+            return _op(
+                "lpush_trim", keys.swap_times, value=f"{op.seconds:.3f}", keep=SWAP_TIMES_KEPT
+            )
         case RevokeLeases():
-            return {
-                "op": "revoke",
-                "key": keys.members[op.member].leases,
-                "meta_key": keys.lease_meta,
-                "attempt_key": keys.attempt_leases,
-            }
+            leases = keys.members[op.member].leases
+            return _op("revoke", leases, meta_key=keys.lease_meta, attempt_key=keys.attempt_leases)
+
+
+def _op(name: str, key: str, **fields: object) -> dict[str, Any]:
+    return {"op": name, "key": key, **fields}
