@@ -14,7 +14,7 @@ from hotseat_common.config.model import BusySignal, PoolActivation
 from hotseat_common.keys import Keys
 from hotseat_common.messages import Granted
 from hotseat_pool_controller.decisions.acquire import decide_acquire
-from hotseat_pool_controller.decisions.model import AcquireAsk, Phase, PoolPolicy
+from hotseat_pool_controller.model import AcquireAsk, Phase, PoolPolicy
 from hotseat_pool_controller.store.link import RedisLink
 from hotseat_pool_controller.store.pool import PoolStore
 from tests.support.pool_state import store_id

@@ -18,7 +18,7 @@ from hotseat_common.messages import (
 )
 from hotseat_common.subjects import Subjects
 from hotseat_pool_controller.decisions.acquire import decide_acquire
-from hotseat_pool_controller.decisions.model import (
+from hotseat_pool_controller.model import (
     AcquireAsk,
     AttemptLease,
     Phase,

@@ -16,8 +16,8 @@ from hotseat.launcher import Managed, start_redis
 from hotseat_common.config.model import BusySignal
 from hotseat_common.keys import Keys
 from hotseat_common.settings import RedisSettings
-from hotseat_pool_controller.decisions.model import Phase, PoolPolicy
 from hotseat_pool_controller.decisions.recovery import decide_rebuild
+from hotseat_pool_controller.model import Phase, PoolPolicy
 from hotseat_pool_controller.store.link import RedisLink
 from hotseat_pool_controller.store.pool import PoolStore, Renewal
 from tests.support.pool_state import store_id

@@ -11,19 +11,6 @@ from hotseat_common.messages import ErrorReply, Granted, IncumbentBusyReply, Poo
 from hotseat_pool_controller.decisions.acquire import decide_acquire
 from hotseat_pool_controller.decisions.admin import decide_admin_swap, decide_admin_unload
 from hotseat_pool_controller.decisions.hold import retry_after_s
-from hotseat_pool_controller.decisions.model import (
-    NOTHING,
-    AcquireAsk,
-    AddLease,
-    AddWaiter,
-    AttemptLease,
-    Decision,
-    Phase,
-    PoolPolicy,
-    PoolSnapshot,
-    RevokeLeases,
-    SetState,
-)
 from hotseat_pool_controller.decisions.recovery import (
     decide_rebuild,
     decide_resident_health,
@@ -37,6 +24,19 @@ from hotseat_pool_controller.decisions.swap import (
     decide_heartbeat,
 )
 from hotseat_pool_controller.decisions.tick import decide_tick
+from hotseat_pool_controller.model import (
+    NOTHING,
+    AcquireAsk,
+    AddLease,
+    AddWaiter,
+    AttemptLease,
+    Decision,
+    Phase,
+    PoolPolicy,
+    PoolSnapshot,
+    RevokeLeases,
+    SetState,
+)
 
 NOW = 1_000_000
 ME = "ctl-1"

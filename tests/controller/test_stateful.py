@@ -49,15 +49,6 @@ from hotseat_common.messages import (
 from hotseat_common.settings import RedisSettings
 from hotseat_pool_controller.decisions.acquire import decide_acquire
 from hotseat_pool_controller.decisions.admin import decide_admin_swap, decide_admin_unload
-from hotseat_pool_controller.decisions.model import (
-    NOTHING,
-    AcquireAsk,
-    Decision,
-    Phase,
-    PoolPolicy,
-    PoolSnapshot,
-    SwapOrder,
-)
 from hotseat_pool_controller.decisions.recovery import (
     decide_rebuild,
     decide_resident_health,
@@ -66,6 +57,15 @@ from hotseat_pool_controller.decisions.recovery import (
 from hotseat_pool_controller.decisions.start import next_epoch
 from hotseat_pool_controller.decisions.swap import decide_begin_load, decide_commit, decide_fail
 from hotseat_pool_controller.decisions.tick import decide_tick
+from hotseat_pool_controller.model import (
+    NOTHING,
+    AcquireAsk,
+    Decision,
+    Phase,
+    PoolPolicy,
+    PoolSnapshot,
+    SwapOrder,
+)
 from hotseat_pool_controller.store.link import RedisLink
 from hotseat_pool_controller.store.pool import PoolStore, Renewal
 

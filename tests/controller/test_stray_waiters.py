@@ -9,8 +9,8 @@ import redis.asyncio as aioredis
 
 from hotseat_common.config.model import BusySignal
 from hotseat_common.keys import Keys
-from hotseat_pool_controller.decisions.model import PoolPolicy
 from hotseat_pool_controller.decisions.tick import decide_tick
+from hotseat_pool_controller.model import PoolPolicy
 from hotseat_pool_controller.store.link import RedisLink
 from hotseat_pool_controller.store.pool import PoolStore
 from tests.support.pool_state import store_id

@@ -12,8 +12,8 @@ from hotseat_common.audit_stream import AuditPublisher
 from hotseat_common.keys import Keys
 from hotseat_common.metrics import PoolMetrics
 from hotseat_common.subjects import Subjects
-from hotseat_pool_controller.decisions.model import PoolPolicy
 from hotseat_pool_controller.drivers import build_driver
+from hotseat_pool_controller.model import PoolPolicy
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.runtime.pool import PoolRuntime
 from hotseat_pool_controller.store.link import RedisLink

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, HTTPException
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from hotseat_common.messages import ErrorReply, PoolList, PoolView
-from hotseat_pool_controller.decisions.model import Decision
+from hotseat_pool_controller.model import Decision
 from hotseat_pool_controller.runtime.answers import PoolAnswers
 
 

@@ -19,9 +19,9 @@ from hotseat_common.metrics import PoolMetrics
 from hotseat_common.service import Readiness, ops_router
 from hotseat_common.subjects import Subjects
 from hotseat_pool_controller.admin import admin_router
-from hotseat_pool_controller.decisions.model import PoolPolicy
 from hotseat_pool_controller.drivers import build_driver
 from hotseat_pool_controller.handlers import ActivationHandlers
+from hotseat_pool_controller.model import PoolPolicy
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.runtime.answers import PoolAnswers
 from hotseat_pool_controller.runtime.pool import PoolRuntime

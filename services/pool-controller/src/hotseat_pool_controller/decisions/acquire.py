@@ -15,7 +15,8 @@ from hotseat_pool_controller.decisions.hold import (
     waiter_cap,
     withdraw,
 )
-from hotseat_pool_controller.decisions.model import (
+from hotseat_pool_controller.decisions.start import start_swap
+from hotseat_pool_controller.model import (
     IN_FLIGHT,
     SERVING,
     AcquireAsk,
@@ -29,7 +30,6 @@ from hotseat_pool_controller.decisions.model import (
     Preconditions,
     RemoveWaiter,
 )
-from hotseat_pool_controller.decisions.start import start_swap
 from hotseat_pool_controller.store.codec import set_state
 
 

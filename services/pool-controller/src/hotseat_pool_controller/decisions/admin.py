@@ -7,14 +7,14 @@ from __future__ import annotations
 from hotseat_common.errors import ErrorCode
 from hotseat_common.messages import ErrorReply, WaitReason, WaitReply
 from hotseat_pool_controller.decisions.busy import needs_slots
-from hotseat_pool_controller.decisions.model import (
+from hotseat_pool_controller.decisions.start import start_swap
+from hotseat_pool_controller.model import (
     IN_FLIGHT,
     Decision,
     Phase,
     PoolPolicy,
     PoolSnapshot,
 )
-from hotseat_pool_controller.decisions.start import start_swap
 
 
 def decide_admin_swap(

@@ -4,7 +4,7 @@ every swap's precondition (PRODUCT.md section 2, "Busy")."""
 from __future__ import annotations
 
 from hotseat_common.config.model import BusySignal
-from hotseat_pool_controller.decisions.model import PoolPolicy, PoolSnapshot
+from hotseat_pool_controller.model import PoolPolicy, PoolSnapshot
 
 
 def incumbent_busy(snap: PoolSnapshot, policy: PoolPolicy, slots_busy: bool | None) -> bool:

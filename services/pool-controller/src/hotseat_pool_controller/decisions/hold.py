@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from hotseat_common.errors import ErrorCode
 from hotseat_common.messages import ErrorReply, WaitReason, WaitReply
-from hotseat_pool_controller.decisions.model import (
+from hotseat_pool_controller.model import (
     IN_FLIGHT,
     AcquireAsk,
     AddWaiter,

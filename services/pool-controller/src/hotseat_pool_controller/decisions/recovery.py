@@ -6,7 +6,8 @@ while routers renew the leases the store forgot). Never cuts a member that serve
 from __future__ import annotations
 
 from hotseat_common.messages import PoolOutcome
-from hotseat_pool_controller.decisions.model import (
+from hotseat_pool_controller.decisions.start import next_epoch
+from hotseat_pool_controller.model import (
     NOTHING,
     SERVING,
     AuditIntent,
@@ -17,7 +18,6 @@ from hotseat_pool_controller.decisions.model import (
     Preconditions,
     RevokeLeases,
 )
-from hotseat_pool_controller.decisions.start import next_epoch
 from hotseat_pool_controller.store.codec import set_state
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hotseat_common.messages import PoolOutcome, WaitReason, WaitReply
 from hotseat_pool_controller.decisions.busy import just_committed
 from hotseat_pool_controller.decisions.hold import retry_after_s
-from hotseat_pool_controller.decisions.model import (
+from hotseat_pool_controller.model import (
     AuditIntent,
     Decision,
     Op,

@@ -5,7 +5,7 @@ swap whose demand left before it), commit the target, or fail. Each step answers
 from __future__ import annotations
 
 from hotseat_common.messages import PoolOutcome
-from hotseat_pool_controller.decisions.model import (
+from hotseat_pool_controller.model import (
     IN_FLIGHT,
     NOTHING,
     AuditIntent,

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from hotseat_common.messages import PoolOutcome
 from hotseat_pool_controller.decisions.busy import incumbent_busy, needs_slots
-from hotseat_pool_controller.decisions.model import (
+from hotseat_pool_controller.decisions.recovery import decide_resident_lost
+from hotseat_pool_controller.decisions.start import next_epoch, start_swap
+from hotseat_pool_controller.model import (
     IN_FLIGHT,
     NOTHING,
     AuditIntent,
@@ -17,8 +19,6 @@ from hotseat_pool_controller.decisions.model import (
     Preconditions,
     SwapOrder,
 )
-from hotseat_pool_controller.decisions.recovery import decide_resident_lost
-from hotseat_pool_controller.decisions.start import next_epoch, start_swap
 from hotseat_pool_controller.store.codec import set_state
 
 

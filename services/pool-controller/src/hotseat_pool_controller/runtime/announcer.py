@@ -12,7 +12,7 @@ from hotseat_common.logging import get_logger
 from hotseat_common.messages import PoolOutcome, PoolStateChanged, pool_event
 from hotseat_common.metrics import PoolMetrics
 from hotseat_common.subjects import Subjects
-from hotseat_pool_controller.decisions.model import AuditIntent, PoolSnapshot
+from hotseat_pool_controller.model import AuditIntent, PoolSnapshot
 from hotseat_pool_controller.runtime.counting import Counting
 from hotseat_pool_controller.store.pool import ExpiredLease
 

@@ -11,7 +11,7 @@ from hotseat_common.logging import get_logger
 from hotseat_common.messages import AcquireRequest, ErrorReply, PoolView, RenewRequest
 from hotseat_pool_controller.decisions.acquire import decide_acquire
 from hotseat_pool_controller.decisions.admin import decide_admin_swap, decide_admin_unload
-from hotseat_pool_controller.decisions.model import (
+from hotseat_pool_controller.model import (
     AcquireAsk,
     Decision,
     PoolPolicy,

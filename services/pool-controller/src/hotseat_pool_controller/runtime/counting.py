@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hotseat_common.messages import PoolOutcome
 from hotseat_common.metrics import PoolMetrics
-from hotseat_pool_controller.decisions.model import AuditIntent, PoolSnapshot
+from hotseat_pool_controller.model import AuditIntent, PoolSnapshot
 
 _SWAP_RESULTS = {
     PoolOutcome.SWAP_COMPLETED: "completed",

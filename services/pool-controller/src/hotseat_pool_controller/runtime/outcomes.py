@@ -3,7 +3,7 @@ state-change notification with the pool as it now is, so waiting routers re-ask.
 
 from __future__ import annotations
 
-from hotseat_pool_controller.decisions.model import Decision
+from hotseat_pool_controller.model import Decision
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.store.pool import PoolStore
 

@@ -16,9 +16,9 @@ from redis.exceptions import RedisError
 
 from hotseat_common.config.model import Pool
 from hotseat_common.logging import get_logger
-from hotseat_pool_controller.decisions.model import NOTHING, Phase, PoolPolicy
 from hotseat_pool_controller.decisions.tick import decide_tick
 from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
+from hotseat_pool_controller.model import NOTHING, Phase, PoolPolicy
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.runtime.answers import PoolAnswers
 from hotseat_pool_controller.runtime.outcomes import Outcomes

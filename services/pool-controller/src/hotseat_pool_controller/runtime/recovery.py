@@ -5,7 +5,6 @@ lost from what the drivers report (docs/adr/0005)."""
 from __future__ import annotations
 
 from hotseat_common.logging import get_logger
-from hotseat_pool_controller.decisions.model import SERVING, Phase, PoolPolicy
 from hotseat_pool_controller.decisions.recovery import (
     decide_rebuild,
     decide_resident_health,
@@ -13,6 +12,7 @@ from hotseat_pool_controller.decisions.recovery import (
 )
 from hotseat_pool_controller.decisions.start import next_epoch
 from hotseat_pool_controller.drivers.base import ResidencyDriver
+from hotseat_pool_controller.model import SERVING, Phase, PoolPolicy
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.runtime.transitions import Transitions
 from hotseat_pool_controller.store.pool import PoolStore

@@ -19,14 +19,6 @@ from redis.exceptions import RedisError
 
 from hotseat_common.logging import get_logger
 from hotseat_common.messages import PoolOutcome
-from hotseat_pool_controller.decisions.model import (
-    NOTHING,
-    Decision,
-    Phase,
-    PoolPolicy,
-    PoolSnapshot,
-    SwapOrder,
-)
 from hotseat_pool_controller.decisions.swap import (
     decide_begin_load,
     decide_commit,
@@ -34,6 +26,14 @@ from hotseat_pool_controller.decisions.swap import (
     decide_heartbeat,
 )
 from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
+from hotseat_pool_controller.model import (
+    NOTHING,
+    Decision,
+    Phase,
+    PoolPolicy,
+    PoolSnapshot,
+    SwapOrder,
+)
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.runtime.outcomes import Outcomes
 from hotseat_pool_controller.store.pool import PoolStore

@@ -8,8 +8,8 @@ import asyncio
 from collections.abc import Callable
 
 from hotseat_common.logging import get_logger
-from hotseat_pool_controller.decisions.model import Decision, PoolSnapshot
 from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
+from hotseat_pool_controller.model import Decision, PoolSnapshot
 from hotseat_pool_controller.runtime.outcomes import Outcomes
 from hotseat_pool_controller.runtime.swaps import Swaps
 from hotseat_pool_controller.store.pool import PoolStore

@@ -33,7 +33,7 @@ from typing import Any, Final
 import orjson
 
 from hotseat_common.keys import Keys
-from hotseat_pool_controller.decisions.model import (
+from hotseat_pool_controller.model import (
     AddLease,
     AddWaiter,
     AttemptLease,

@@ -16,7 +16,7 @@ import orjson
 
 from hotseat_common.keys import Keys
 from hotseat_common.messages import Granted, PoolView
-from hotseat_pool_controller.decisions.model import Decision, Phase, PoolPolicy, PoolSnapshot
+from hotseat_pool_controller.model import Decision, Phase, PoolPolicy, PoolSnapshot
 from hotseat_pool_controller.store import scripts
 from hotseat_pool_controller.store.codec import (
     PoolKeys,
