@@ -26,6 +26,7 @@ from hotseat_sim.generation import (
     DEFAULT_MAX_TOKENS,
     ChatShapes,
     CompletionShapes,
+    Identity,
     Shapes,
     chat_prompt,
     count_tokens,
@@ -264,20 +265,25 @@ async def _serve_text(
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request, sim: Sim) -> Response:
-    admitted = await _admit(request, sim, parse_chat)
-    if isinstance(admitted, Response):
-        return admitted
-    ask, ticket = admitted
-    return await _serve_text(request, sim, ticket, ask, ChatShapes(sim.identity(ask.model)))
+    return await _text(request, sim, parse_chat, ChatShapes)
 
 
 @router.post("/v1/completions", response_model=None)
 async def completions(request: Request, sim: Sim) -> Response:
-    admitted = await _admit(request, sim, parse_completion)
+    return await _text(request, sim, parse_completion, CompletionShapes)
+
+
+async def _text(
+    request: Request,
+    sim: SimRuntime,
+    parse: Callable[[Any], TextRequest],
+    shapes: Callable[[Identity], Shapes],
+) -> Response:
+    admitted = await _admit(request, sim, parse)
     if isinstance(admitted, Response):
         return admitted
     ask, ticket = admitted
-    return await _serve_text(request, sim, ticket, ask, CompletionShapes(sim.identity(ask.model)))
+    return await _serve_text(request, sim, ticket, ask, shapes(sim.identity(ask.model)))
 
 
 @router.post("/v1/embeddings", response_model=None)

@@ -144,6 +144,36 @@ def row_event(row: Sequence[Any], time: datetime) -> AuditEvent:
     return AuditEvent.model_construct(**values)
 
 
+def dead_letter_row(letter: DeadLetter, time_value: Callable[[datetime], Any]) -> tuple[Any, ...]:
+    """The stored columns of one dead letter (from ``stream`` to ``detail``)."""
+    origin = letter.origin
+    published = time_value(origin.published) if origin.published else None
+    return (
+        origin.stream,
+        origin.stream_seq,
+        origin.subject,
+        published,
+        letter.payload,
+        letter.reason.value,
+        letter.detail,
+    )
+
+
+def row_dead_letter(row: Sequence[Any], time: Callable[[Any], datetime]) -> StoredDeadLetter:
+    """Rebuild a dead letter from its :data:`DEAD_LETTER_FIELDS` columns."""
+    return StoredDeadLetter(
+        id=row[0],
+        stream=row[1],
+        stream_seq=row[2],
+        subject=row[3],
+        published=time(row[4]) if row[4] is not None else None,
+        payload=bytes(row[5]),
+        reason=row[6],
+        detail=row[7],
+        received_at=time(row[8]),
+    )
+
+
 def event_conditions(
     filters: EventFilter,
     after: Cursor | None,

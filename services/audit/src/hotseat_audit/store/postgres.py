@@ -25,8 +25,10 @@ from hotseat_audit.store.base import (
     StoredDeadLetter,
     StoreError,
     WriteResult,
+    dead_letter_row,
     event_conditions,
     event_row,
+    row_dead_letter,
     row_event,
     select_events_sql,
 )
@@ -138,19 +140,7 @@ class PostgresStore(AuditStore):
                         result.stored[outcome] += 1
                     result.duplicates += len(unique) - len(inserted)
                 for letter in dead:
-                    origin = letter.origin
-                    cur = await conn.execute(
-                        _INSERT_DEAD,
-                        (
-                            origin.stream,
-                            origin.stream_seq,
-                            origin.subject,
-                            origin.published,
-                            letter.payload,
-                            letter.reason.value,
-                            letter.detail,
-                        ),
-                    )
+                    cur = await conn.execute(_INSERT_DEAD, dead_letter_row(letter, _identity))
                     if await cur.fetchone() is not None:
                         result.dead_letters[letter.reason.value] += 1
         except _DB_ERRORS as exc:
@@ -202,20 +192,7 @@ class PostgresStore(AuditStore):
                 rows = await cur.fetchall()
         except _DB_ERRORS as exc:
             raise StoreError(f"PostgreSQL query failed: {exc}") from exc
-        return [
-            StoredDeadLetter(
-                id=row[0],
-                stream=row[1],
-                stream_seq=row[2],
-                subject=row[3],
-                published=row[4],
-                payload=bytes(row[5]),
-                reason=row[6],
-                detail=row[7],
-                received_at=row[8],
-            )
-            for row in rows
-        ]
+        return [row_dead_letter(row, _identity) for row in rows]
 
     async def delete_older_than(self, cutoff: datetime, *, limit: int) -> int:
         try:

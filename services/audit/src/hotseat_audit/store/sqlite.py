@@ -30,8 +30,10 @@ from hotseat_audit.store.base import (
     StoredDeadLetter,
     StoreError,
     WriteResult,
+    dead_letter_row,
     event_conditions,
     event_row,
+    row_dead_letter,
     row_event,
     select_events_sql,
 )
@@ -154,19 +156,8 @@ class SQLiteStore(AuditStore):
         if fresh:
             await self._writer.executemany(_INSERT_EVENT, fresh)
         for letter in dead:
-            origin = letter.origin
             cursor = await self._writer.execute(
-                _INSERT_DEAD,
-                (
-                    origin.stream,
-                    origin.stream_seq,
-                    origin.subject,
-                    to_micros(origin.published) if origin.published else None,
-                    letter.payload,
-                    letter.reason.value,
-                    letter.detail,
-                    now,
-                ),
+                _INSERT_DEAD, (*dead_letter_row(letter, to_micros), now)
             )
             if cursor.rowcount == 1:
                 result.dead_letters[letter.reason.value] += 1
@@ -209,20 +200,7 @@ class SQLiteStore(AuditStore):
             )
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite query failed: {exc}") from exc
-        return [
-            StoredDeadLetter(
-                id=row[0],
-                stream=row[1],
-                stream_seq=row[2],
-                subject=row[3],
-                published=from_micros(row[4]) if row[4] is not None else None,
-                payload=bytes(row[5]),
-                reason=row[6],
-                detail=row[7],
-                received_at=from_micros(row[8]),
-            )
-            for row in rows
-        ]
+        return [row_dead_letter(row, from_micros) for row in rows]
 
     async def delete_older_than(self, cutoff: datetime, *, limit: int) -> int:
         micros = to_micros(cutoff)
