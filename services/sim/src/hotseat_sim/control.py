@@ -69,7 +69,7 @@ async def unload(request: Request, sim: Sim) -> Response:
 async def _control(
     request: Request, sim: Sim, action: Callable[[int | None], Awaitable[ControlResult]]
 ) -> Response:
-    """A load or unload command, fenced by its ``epoch``."""
+    """A load, unload or fence command, fenced by its ``epoch``."""
     try:
         command = await _command(request)
     except BadRequest as exc:
@@ -83,14 +83,7 @@ async def _control(
 @router.post("/fence", response_model=None)
 async def fence(request: Request, sim: Sim) -> Response:
     """Record an epoch without acting: later commands of an older epoch are refused."""
-    try:
-        command = await _command(request)
-    except BadRequest as exc:
-        return invalid_request(str(exc))
-    try:
-        return _answer(await sim.model.fence(command.get("epoch")))
-    except StaleEpoch as exc:
-        return _stale(sim, exc)
+    return await _control(request, sim, sim.model.fence)
 
 
 MAX_WAIT_S = 30.0
