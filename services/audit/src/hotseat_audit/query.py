@@ -12,8 +12,10 @@ import base64
 import binascii
 import hashlib
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import orjson
 
@@ -122,6 +124,14 @@ class Summary:
     by_outcome: Counter[str] = field(default_factory=Counter)
     by_kind: Counter[str] = field(default_factory=Counter)
     by_pool: dict[tuple[str, str | None], PoolMemberCount] = field(default_factory=dict)
+
+    @classmethod
+    def of_rows(cls, since: datetime, until: datetime, rows: Iterable[Sequence[Any]]) -> Summary:
+        """From ``(kind, outcome, pool, member, count)`` rows (the stores' GROUP BY)."""
+        summary = cls(since=since, until=until)
+        for kind, outcome, pool, member, count in rows:
+            summary.add(kind, outcome, pool, member, int(count))
+        return summary
 
     def add(self, kind: str, outcome: str, pool: str | None, member: str | None, n: int) -> None:
         self.total += n

@@ -163,7 +163,6 @@ class PostgresStore(AuditStore):
         return [row_event(row, row[1]) for row in rows]
 
     async def summary(self, since: datetime, until: datetime) -> Summary:
-        summary = Summary(since=since, until=until)
         try:
             async with self._pool.connection() as conn:
                 cur = await conn.execute(
@@ -174,9 +173,7 @@ class PostgresStore(AuditStore):
                 rows = await cur.fetchall()
         except _DB_ERRORS as exc:
             raise StoreError(f"PostgreSQL query failed: {exc}") from exc
-        for kind, outcome, pool, member, count in rows:
-            summary.add(kind, outcome, pool, member, int(count))
-        return summary
+        return Summary.of_rows(since, until, rows)
 
     async def dead_letters(
         self, *, limit: int, before: int | None = None

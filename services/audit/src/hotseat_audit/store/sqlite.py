@@ -175,7 +175,6 @@ class SQLiteStore(AuditStore):
         return [row_event(row, from_micros(row[1])) for row in rows]
 
     async def summary(self, since: datetime, until: datetime) -> Summary:
-        summary = Summary(since=since, until=until)
         try:
             rows = await self._reader.execute_fetchall(
                 f"SELECT {SUMMARY_GROUPS}, count(*) FROM audit_events "  # noqa: S608 - our names
@@ -184,9 +183,7 @@ class SQLiteStore(AuditStore):
             )
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite query failed: {exc}") from exc
-        for kind, outcome, pool, member, count in rows:
-            summary.add(kind, outcome, pool, member, int(count))
-        return summary
+        return Summary.of_rows(since, until, rows)
 
     async def dead_letters(
         self, *, limit: int, before: int | None = None
