@@ -19,7 +19,7 @@ class Keys:
         return f"{self.prefix}:pool:{{{pool}}}"
 
     def pool_state(self, pool: str) -> str:
-        """HASH: resident, phase, target, epoch, owner, heartbeat, deadlines."""
+        """HASH: the pool state (its fields are the controller's store codec's business)."""
         return f"{self._pool(pool)}:state"
 
     def pool_leases(self, pool: str, member: str) -> str:
