@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 import redis.asyncio as aioredis
@@ -102,6 +102,8 @@ class SimGpu:
         self.highest_epoch = 0
         self.serving: set[str] = set()
         """Members with a lease some router holds: set by the machine before a command."""
+        self.bypassed: set[str] = set()
+        """Members serving traffic that bypassed the router (their /slots are busy)."""
 
     def accept(self, epoch: int) -> bool:
         if epoch < self.highest_epoch:
@@ -116,6 +118,7 @@ class SimGpu:
         assert not going & self.serving, f"unloaded {going & self.serving} while it served"
         self.loaded &= {target}
         self.stalled &= self.loaded
+        self.bypassed &= self.loaded
         return True
 
     def load(self, target: str, epoch: int) -> bool:
@@ -129,6 +132,7 @@ class SimGpu:
         """Out of band: the member's process dies (nothing the controller did)."""
         self.loaded.discard(member)
         self.stalled.discard(member)
+        self.bypassed.discard(member)
 
     def ready(self, member: str) -> bool:
         return member in self.loaded and member not in self.stalled
@@ -166,13 +170,14 @@ class Waiting:
 
 class ControllerMachine(RuleBasedStateMachine):
     redis_url = ""
+    policy = POLICY
 
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.redis: aioredis.Redis = aioredis.from_url(self.redis_url, decode_responses=True)
         self.link = RedisLink(RedisSettings(redis_url=self.redis_url))
-        self.store = PoolStore(self.link, Keys("p" + uuid.uuid4().hex[:10]), POLICY)
+        self.store = PoolStore(self.link, Keys("p" + uuid.uuid4().hex[:10]), self.policy)
         self.gpu = SimGpu()
         self.leases: dict[str, Held] = {}
         self.waiting: dict[str, Waiting] = {}  # attempt -> waiter
@@ -202,12 +207,24 @@ class ControllerMachine(RuleBasedStateMachine):
             self.swaps.append(Swap(decision.swap, owner=self.owner_of(decision)))
         return decision
 
+    def decide_busy(self, decide, attempt: str = "") -> Decision:  # type: ignore[no-untyped-def]
+        """Like PoolRuntime: a decision that needs the incumbent's /slots asks the GPU
+        (traffic that bypassed the router keeps its slots busy), then decides again."""
+        decision = self.decide(lambda s: decide(s, None), attempt)
+        if decision.need_idle_check is not None:
+            busy = decision.need_idle_check in self.gpu.bypassed
+            decision = self.decide(lambda s: decide(s, busy), attempt)
+        return decision
+
     def owner_of(self, decision: Decision) -> str:
         fields = next((op.fields for op in decision.ops if hasattr(op, "fields")), {})
         return str(fields.get("owner", "c1"))
 
     def serving(self) -> set[str]:
-        return {held.member for held in self.leases.values()}
+        leased = {held.member for held in self.leases.values()}
+        if self.policy.busy_signal == BusySignal.LEASES_AND_SLOTS:
+            return leased | self.gpu.bypassed  # its /slots say busy: never cut either
+        return leased
 
     @initialize()
     def start(self) -> None:
@@ -248,11 +265,11 @@ class ControllerMachine(RuleBasedStateMachine):
             hold_s=600,
         )
 
-        def decide(s: PoolSnapshot) -> Decision:
+        def decide(s: PoolSnapshot, busy: bool | None) -> Decision:
             ask = AcquireAsk.of(request, now_ms=s.now_ms, lease_id=lease_id)
-            return decide_acquire(s, ask, POLICY, controller, slots_busy=None)
+            return decide_acquire(s, ask, self.policy, controller, slots_busy=busy)
 
-        decision = self.decide(decide, waiter.attempt)
+        decision = self.decide_busy(decide, waiter.attempt)
         reply = decision.reply
         after = self.snapshot()
         if isinstance(reply, Granted):
@@ -363,7 +380,7 @@ class ControllerMachine(RuleBasedStateMachine):
         if self.snapshot().phase == Phase.UNKNOWN:
             self.rebuild()
             return
-        self.decide(lambda s: decide_tick(s, POLICY, controller))
+        self.decide_busy(lambda s, busy: decide_tick(s, self.policy, controller, slots_busy=busy))
 
     @precondition(lambda self: self.swaps)
     @rule(data=st.data())
@@ -433,6 +450,10 @@ class ControllerMachine(RuleBasedStateMachine):
         )
         if decision.audit and swap.order.target:
             self.failed.add(swap.order.target)
+        if decision.audit:
+            # A failed swap leaves the pool cold; what its unloads did not reach is still
+            # on the GPU, unknown to the store, until the next swap unloads it.
+            self.zombies |= self.gpu.loaded
 
     @precondition(lambda self: self.swaps)
     @rule(data=st.data(), frozen=st.booleans())
@@ -451,15 +472,28 @@ class ControllerMachine(RuleBasedStateMachine):
 
     @rule(member=st.sampled_from(MEMBERS), controller=st.sampled_from(["c1", "c2"]))
     def admin_swap(self, member: str, controller: str) -> None:
-        decision = self.decide(lambda s: decide_admin_swap(s, member, controller, POLICY))
+        decision = self.decide_busy(
+            lambda s, busy: decide_admin_swap(s, member, controller, self.policy, slots_busy=busy)
+        )
         if isinstance(decision.reply, ErrorReply) and decision.reply.code == "incumbent_busy":
             assert self.snapshot().serving(self.snapshot().resident)
 
     @rule(controller=st.sampled_from(["c1", "c2"]))
     def admin_unload(self, controller: str) -> None:
-        self.decide(lambda s: decide_admin_unload(s, controller, POLICY))
+        self.decide_busy(
+            lambda s, busy: decide_admin_unload(s, controller, self.policy, slots_busy=busy)
+        )
 
     # --- faults ---------------------------------------------------------------------
+
+    @precondition(lambda self: self.policy.busy_signal == BusySignal.LEASES_AND_SLOTS)
+    @rule(member=st.sampled_from(MEMBERS), busy=st.booleans())
+    def bypass_traffic(self, member: str, busy: bool) -> None:
+        """A client talks to a loaded member directly (no lease): only /slots show it."""
+        if busy and member in self.gpu.loaded:
+            self.gpu.bypassed.add(member)
+        else:
+            self.gpu.bypassed.discard(member)
 
     @rule()
     def redis_flushed(self) -> None:
@@ -558,6 +592,7 @@ class ControllerMachine(RuleBasedStateMachine):
         """Thaw, answer the GPU, release everything and let the pool settle: every waiter
         must then be answered."""
         self.gpu.stalled.clear()
+        self.gpu.bypassed.clear()
         self.health_check()
         for lease_id, held in list(self.leases.items()):
             self.run(self.store.release(held.member, lease_id))
@@ -607,6 +642,18 @@ def test_controller_transitions_keep_the_contract(machine: type[ControllerMachin
     """Random interleavings, faults included, never load two members, never unload one a
     router still holds a lease on, grant only the member the GPU holds, answer all."""
     run_to_quiescence(machine, examples=80, steps=40)
+
+
+def test_controller_transitions_keep_the_contract_with_slots(
+    machine: type[ControllerMachine],
+) -> None:
+    """The same under busySignal leasesAndSlots, with traffic that bypasses the router:
+    a member whose /slots are busy is never unloaded either (no admin force here)."""
+
+    class WithSlots(machine):  # type: ignore[misc, valid-type]
+        policy = replace(POLICY, busy_signal=BusySignal.LEASES_AND_SLOTS)
+
+    run_to_quiescence(WithSlots, examples=40, steps=40)
 
 
 def test_machine_detects_two_residents_and_a_cut() -> None:
