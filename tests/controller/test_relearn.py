@@ -16,8 +16,10 @@ from hotseat.launcher import Managed, start_redis
 from hotseat_common.config.model import BusySignal
 from hotseat_common.keys import Keys
 from hotseat_common.settings import RedisSettings
+from hotseat_pool_controller.decisions.admin import decide_admin_swap
 from hotseat_pool_controller.decisions.recovery import decide_rebuild
-from hotseat_pool_controller.model import Phase, PoolPolicy
+from hotseat_pool_controller.decisions.swap import decide_begin_load, decide_commit
+from hotseat_pool_controller.model import NOTHING, Phase, PoolPolicy
 from hotseat_pool_controller.store.link import RedisLink
 from hotseat_pool_controller.store.pool import PoolStore, Renewal
 from tests.support.pool_state import store_id
@@ -116,4 +118,24 @@ async def test_a_renewal_tells_the_router_to_stop_sharing_an_unhealthy_resident(
     assert renewed.outcome is Renewal.RENEWED
     assert not renewed.shareable
     assert await store.grant_if_resident("judge", "l2", "a2", "r") is None
+    await store.reset()
+
+
+async def test_a_renewal_the_store_never_knew_is_gone_after_a_swap_ended_relearning(
+    link: RedisLink, prefix: str
+) -> None:
+    """A swap clears the relearn window (the field is written empty); a renewal of a lease
+    the store does not hold, on the new resident, is then "gone", not a script error that
+    the router would read as "controller unavailable"."""
+    store = PoolStore(link, Keys(prefix), POLICY)
+    await rebuild(store, relearn_ms=0)  # the window is over: an operator may swap
+    await store.decide(lambda s: decide_admin_swap(s, "coder", "c1", POLICY))
+    epoch = (await store.snapshot()).epoch
+    for step in (decide_begin_load, decide_commit):
+        await store.decide(lambda s, step=step: step(s, epoch, "c1") or NOTHING)
+    snap = await store.snapshot()
+    assert (snap.phase, snap.resident, snap.relearning) == (Phase.IDLE, "coder", False)
+    assert await link.execute("HGET", Keys(prefix).pool_state("gpu0"), "relearn") == ""
+    stray = await store.renew("coder", "l-never", epoch=epoch, attempt="a9", router="r")
+    assert stray.outcome is Renewal.GONE
     await store.reset()

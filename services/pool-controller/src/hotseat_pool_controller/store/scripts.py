@@ -150,9 +150,10 @@ end
 if not st[1] or (ARGV[8] ~= '' and (st[4] or '') ~= ARGV[8]) then return {-1} end
 -- A lease the store forgot (it restarted, or failed over, and is relearning who is busy):
 -- the resident's lease, issued no later than the state's epoch, is written back.
+-- A cleared field reads as '' and tonumber('') is nil: both count as 0.
 local serving = st[1] == 'idle' or st[1] == 'draining'
-if serving and st[2] == ARGV[3] and tonumber(st[5] or '0') > now
-    and tonumber(ARGV[4]) <= tonumber(st[3] or '0') then
+if serving and st[2] == ARGV[3] and (tonumber(st[5] or '') or 0) > now
+    and tonumber(ARGV[4]) <= (tonumber(st[3] or '') or 0) then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
   local meta = {member = ARGV[3], attempt = ARGV[5], request_id = ARGV[6], router = ARGV[7],
                 epoch = tonumber(ARGV[4]), adopted = true}
