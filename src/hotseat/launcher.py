@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,10 +33,24 @@ class LaunchError(RuntimeError):
     """A process could not be started or did not become ready in time."""
 
 
+_RECENT_PORTS: deque[int] = deque(maxlen=4096)
+"""Ports :func:`free_port` handed out lately: nothing holds them until their user binds."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on now and that this process did not hand out lately.
+
+    The kernel may give the same free port to two calls in a row, and a port handed out
+    stays free until its user binds it: without the memory of recent ports, two
+    processes of one stack (or a test's "nothing listens here" address and a server it
+    starts next) could be given one port."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _RECENT_PORTS:
+            _RECENT_PORTS.append(port)
+            return port
 
 
 def find_binary(name: str) -> str:
