@@ -3,6 +3,8 @@ OpenAI SDK as the client."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -119,10 +121,24 @@ async def test_client_disconnect_frees_the_sim_slot(sims, start_router):
     ):
         assert response.status_code == 200
         assert response.headers["x-hotseat-backend"] == "small"
-        await anext(response.aiter_raw())
-        # The sim offers no event for a taken or freed slot: poll /slots.
-        await eventually(lambda: _generating(small), timeout=20, interval=0.02)
+        received = await _until_first_token(response)
+        # A token arrived, so a slot is generating (99,999 tokens to go at 50 a second).
+        assert await _generating(small), received
+    # The sim offers no event for a freed slot: poll /slots.
     await eventually(lambda: _idle(small), timeout=20, interval=0.02)
+
+
+async def _until_first_token(response: httpx.Response) -> list[str]:
+    """The SSE lines read up to the first one that carries generated text (the assertion
+    shows them all if the stream ends first)."""
+    received: list[str] = []
+    async for line in response.aiter_lines():
+        received.append(line)
+        if line.startswith("data: {"):
+            delta = json.loads(line.removeprefix("data: "))["choices"][0]["delta"]
+            if delta.get("content"):
+                return received
+    raise AssertionError(f"the stream ended before any token: {received!r}")
 
 
 async def _generating(sim: SimHandle) -> bool:
