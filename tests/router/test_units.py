@@ -7,10 +7,17 @@ import pytest
 from hotseat_common.config import parse_config
 from hotseat_common.errors import IncumbentBusy
 from hotseat_router.auth import ApiKeyCheck
-from hotseat_router.body import parse_body, with_model
-from hotseat_router.errors import BodyTooLarge, InvalidJson, error_answer, retry_after_seconds
+from hotseat_router.body import parse_body
+from hotseat_router.errors import (
+    BodyTooLarge,
+    InvalidJson,
+    InvalidRequest,
+    error_answer,
+    retry_after_seconds,
+)
 from hotseat_router.health import Admission, PassiveHealth
 from hotseat_router.matching import Matcher
+from hotseat_router.rewrite import locate_model, with_model
 
 
 def test_first_matching_rule_wins_and_conditions_combine():
@@ -70,13 +77,40 @@ def test_api_keys_constant_time_check():
 
 
 def test_body_parsing_and_rewrite():
-    """Only model and stream are read; a rewrite changes only the model."""
-    fields = parse_body(b'{"model": "a", "stream": true, "n": 1}')
+    """Only model and stream are read; a rewrite changes only the model's bytes."""
+    body = b'{"model": "a", "stream": true, "n": 1}'
+    fields = parse_body(body)
     assert (fields.model, fields.stream) == ("a", True)
     assert parse_body(b'{"model": "a", "stream": "yes"}').stream is False
-    assert with_model(fields, "b") == b'{"model":"b","stream":true,"n":1}'
+    assert with_model(body, locate_model(body), "b") == b'{"model": "b", "stream": true, "n": 1}'
     with pytest.raises(InvalidJson):
         parse_body(b"\xff")
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (b'{"model":"a"}', b'"a"'),
+        (b'{ "x" : {"model": "no"}, "model" :\n"a\\"" }', b'"a\\""'),
+        ('{"\u00e9": "\u00fc", "mod\\u0065l": "\u00e9a"}'.encode(), '"\u00e9a"'.encode()),
+    ],
+)
+def test_the_model_slot_is_the_top_level_value(body: bytes, where: bytes):
+    """The slot is the bytes of the top-level model value, whatever comes before it."""
+    slot = locate_model(body)
+    assert body[slot.start : slot.end] == where
+
+
+def test_depth_and_duplicate_keys():
+    """Depth counts every array and object level; a key twice in any object is refused,
+    however it is spelled, while equal keys in different objects are fine."""
+    assert parse_body(b'{"model": "a", "x": [[]]}', max_depth=3).model == "a"
+    with pytest.raises(InvalidRequest, match="deeper than 2"):
+        parse_body(b'{"model": "a", "x": [[]]}', max_depth=2)
+    assert parse_body(b'{"model": "a", "x": [{"k": "\\\\"}, {"k": "\\""}]}').model == "a"
+    for twice in (b'{"model": "a", "x": {"k": 1, "\\u006b": 2}}', b'{"model": "a", "model": "a"}'):
+        with pytest.raises(InvalidRequest, match="duplicate key"):
+            parse_body(twice)
 
 
 def test_error_answers():

@@ -11,7 +11,12 @@ import pytest
 import yaml
 
 from hotseat.launcher import Managed, free_port, start_service
+from tests.router.conftest import client, running, start_router, upstream
 from tests.router.upstreams import FakeUpstream
+
+# The in-process router harness of tests/router, for tests that script the activation
+# client or need the router's own objects.
+__all__ = ["client", "running", "start_router", "upstream"]
 
 CLIENT_KEY = "sk-client-7f3a9c1e5b2d4f60"
 OTHER_KEY = "sk-client-second-0c9e8d7a"

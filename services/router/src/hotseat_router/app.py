@@ -179,6 +179,7 @@ def create_app(
                 metrics=metrics,
                 router=name,
                 max_body_bytes=policy.max_body_bytes,
+                max_json_depth=settings.max_json_depth,
                 request_timeout=policy.request_timeout,
                 sensitive=frozenset(s.lower() for s in policy.classification.sensitive),
             )

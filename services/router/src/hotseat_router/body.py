@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from itertools import accumulate
 
 import orjson
 
@@ -38,28 +38,51 @@ async def read_body(receive: Receive, *, content_length: int | None, limit: int)
             return b"".join(chunks)
 
 
+MAX_JSON_DEPTH = 254
+"""The deepest document the router accepts at most: orjson writes no deeper (it reads
+1024 levels), and a body is only taken when the router could write it back."""
+
+_DELTA = tuple(1 if c in b"{[" else -1 if c in b"}]" else 0 for c in range(256))
+_NOT_STRUCTURE = bytes(range(256)).translate(None, b"{}[]:")
+
+
 @dataclass(frozen=True, slots=True)
 class RoutingFields:
-    """What routing reads from a body; the rest is forwarded untouched."""
+    """What routing reads from a body; the bytes themselves are forwarded untouched."""
 
     model: str
     stream: bool
-    document: dict[str, Any]
 
 
-def parse_body(body: bytes) -> RoutingFields:
+def parse_body(body: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> RoutingFields:
+    """``model`` and ``stream`` of a JSON object body, refused (400) unless the router and
+    every upstream must read it alike: valid JSON, at most ``max_depth`` levels deep, no
+    key twice in any object."""
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidJson(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(document, dict):
         raise InvalidJson("request body must be a JSON object")
+    depth, keys = _shape(body)
+    if depth > max_depth:
+        raise InvalidRequest(f"request body is nested deeper than {max_depth} levels")
+    # The parsed document keeps one value per key; written back, it has as many keys as
+    # the body had only when no object of the body repeated one.
+    if _shape(orjson.dumps(document))[1] != keys:
+        raise InvalidRequest("request body has a duplicate key in an object")
     model = document.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' must be a non-empty string")
-    return RoutingFields(model=model, stream=document.get("stream") is True, document=document)
+    return RoutingFields(model=model, stream=document.get("stream") is True)
 
 
-def with_model(fields: RoutingFields, model: str) -> bytes:
-    """The body with ``model`` replaced (the only case where the router re-encodes it)."""
-    return orjson.dumps({**fields.document, "model": model})
+def _shape(valid_json: bytes) -> tuple[int, int]:
+    """Nesting depth and number of object keys of a valid JSON text, both read from its
+    structure outside strings (brackets and colons), in C-speed byte operations."""
+    # Inside a string every backslash starts an escape: drop escaped backslashes, then
+    # escaped quotes, and every quote left opens or closes a string.
+    unescaped = valid_json.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(unescaped.split(b'"')[::2]).translate(None, _NOT_STRUCTURE)
+    depth = max(accumulate(map(_DELTA.__getitem__, outside)), default=0)
+    return depth, outside.count(b":")

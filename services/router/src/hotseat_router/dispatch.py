@@ -40,12 +40,13 @@ from hotseat_router.activation.protocol import ActivationClient, Lease
 from hotseat_router.activation.scope import LeaseScope
 from hotseat_router.attempt import Attempt
 from hotseat_router.audit import RequestAudit
-from hotseat_router.body import RoutingFields, with_model
+from hotseat_router.body import RoutingFields
 from hotseat_router.context import RequestContext
 from hotseat_router.errors import AllBackendsFailed, DeadlineExceeded, FailClosed
 from hotseat_router.headers import upstream_request_headers
 from hotseat_router.health import PassiveHealth
 from hotseat_router.matching import Route
+from hotseat_router.rewrite import ModelSlot, with_model
 from hotseat_router.upstream import UpstreamClient, UpstreamConnectError, UpstreamResponse
 
 log = get_logger(__name__)
@@ -61,6 +62,9 @@ class Outbound:
     path: str
     body: bytes
     fields: RoutingFields
+    model_slot: ModelSlot | None
+    """Where ``model`` lies in ``body``, found before the walk when a backend of the
+    route renames it."""
     headers: list[tuple[bytes, bytes]]
     sensitive: bool
 
@@ -229,7 +233,8 @@ class Dispatcher:
             raise DeadlineExceeded("the request deadline passed before a backend answered")
         body = out.body
         if backend.model is not None and backend.model != out.fields.model:
-            body = with_model(out.fields, backend.model)
+            assert out.model_slot is not None  # noqa: S101 - found by the admission
+            body = with_model(out.body, out.model_slot, backend.model)
         headers = upstream_request_headers(
             out.headers, request_id=ctx.request_id, bearer=self._bearers.get(backend.name)
         )

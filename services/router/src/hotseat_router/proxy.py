@@ -31,6 +31,7 @@ from hotseat_router.errors import (
 )
 from hotseat_router.headers import REQUEST_ID_B, request_id_of
 from hotseat_router.matching import Matcher, Route
+from hotseat_router.rewrite import locate_model
 from hotseat_router.streaming import Relay
 
 log = get_logger(__name__)
@@ -50,6 +51,7 @@ class ProxyEndpoint:
         metrics: RouterMetrics,
         router: str,
         max_body_bytes: int,
+        max_json_depth: int,
         request_timeout: float,
         sensitive: frozenset[str],
     ) -> None:
@@ -60,6 +62,7 @@ class ProxyEndpoint:
         self._audit = audit
         self._in_flight = metrics.in_flight.labels(router)
         self._max_body = max_body_bytes
+        self._max_depth = max_json_depth
         self._request_timeout = request_timeout
         self._sensitive = sensitive
 
@@ -114,13 +117,15 @@ class ProxyEndpoint:
     async def _admit(
         self, ctx: RequestContext, scope: Scope, receive: Receive, creds: _Credentials
     ) -> tuple[Route, Outbound]:
-        """Authenticate, read and parse the body, match a route; raise to reject."""
+        """Authenticate, read and parse the body, match a route, find what a backend that
+        renames the model must rewrite; raise to reject. Nothing here touches a pool: a
+        request that cannot be forwarded exactly is refused before any lease."""
         if not self._auth.allows(creds.authorization):
             raise Unauthorized("missing or invalid API key")
         body = await read_body(
             receive, content_length=_length(creds.content_length), limit=self._max_body
         )
-        fields = parse_body(body)
+        fields = parse_body(body, max_depth=self._max_depth)
         ctx.asked_for(fields.model)
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         header_map = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers}
@@ -132,10 +137,12 @@ class ProxyEndpoint:
         path: str = scope["path"]
         if scope["query_string"]:
             path += "?" + scope["query_string"].decode("latin-1")
+        renamed = any(b.model is not None and b.model != fields.model for b in route.backends)
         return route, Outbound(
             path=path,
             body=body,
             fields=fields,
+            model_slot=locate_model(body) if renamed else None,
             headers=headers,
             sensitive=classification is not None and classification in self._sensitive,
         )

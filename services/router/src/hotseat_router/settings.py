@@ -8,6 +8,7 @@ from pydantic import Field, SecretStr
 
 from hotseat_common.config.model import HotseatConfig
 from hotseat_common.settings import ServiceSettings
+from hotseat_router.body import MAX_JSON_DEPTH
 
 
 class RouterSettings(ServiceSettings):
@@ -25,6 +26,12 @@ class RouterSettings(ServiceSettings):
     )
     upstream_keepalive: float = Field(
         default=4.0, gt=0, description="Seconds an idle upstream connection stays pooled"
+    )
+    max_json_depth: int = Field(
+        default=128,
+        ge=1,
+        le=MAX_JSON_DEPTH,
+        description="Deepest nesting of a request body's JSON (deeper: 400)",
     )
     audit_buffer: int = Field(
         default=10_000, ge=1, description="Audit events held while NATS is unreachable"
