@@ -51,6 +51,24 @@ def test_invalid_config_exits_2(tmp_path):
     assert "rules[0].route.backends[0]" in done.stderr
 
 
+def test_a_body_budget_below_the_body_limit_exits_2(tmp_path):
+    """A body budget smaller than router.maxBodyBytes (a body the config allows could
+    never be buffered) stops the router with exit code 2, naming both."""
+    path = write_config(
+        tmp_path, [{"name": "a", "address": "http://127.0.0.1:9"}], defaultRoute="a"
+    )
+    done = subprocess.run(
+        [find_binary("hotseat-router"), "--config", str(path), "--body-budget-bytes", "1000"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--body-budget-bytes (1000)" in done.stderr
+    assert "router.maxBodyBytes (33554432)" in done.stderr
+
+
 async def test_sigterm_lets_streams_finish(upstream, nats_server, prefix, tmp_path, audit):
     """On SIGTERM the router stops accepting, finishes the in-flight stream, flushes audit
     events and exits."""

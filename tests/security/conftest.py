@@ -57,9 +57,8 @@ def router_config(echo: FakeUpstream, cloud: FakeUpstream) -> dict[str, object]:
     }
 
 
-@pytest.fixture
-async def secure_router(
-    tmp_path: Path, prefix: str, nats_server: Managed
+async def _secure_router(
+    tmp_path: Path, prefix: str, nats_server: Managed, extra_env: dict[str, str]
 ) -> AsyncIterator[SecureRouter]:
     echo, cloud = FakeUpstream("echo", mode="echo"), FakeUpstream("cloud", mode="echo")
     await echo.start()
@@ -74,6 +73,7 @@ async def secure_router(
         "HOTSEAT_API_KEYS": f"{CLIENT_KEY},{OTHER_KEY}",
         "HOTSEAT_TEST_CLOUD_KEY": UPSTREAM_KEY,
         "HOTSEAT_LOG_LEVEL": "debug",
+        **extra_env,
     }
     router = start_service(
         "router", "hotseat-router", [], port=free_port(), log_dir=tmp_path, env=env
@@ -84,3 +84,31 @@ async def secure_router(
         router.stop(5)
         await echo.stop()
         await cloud.stop()
+
+
+@pytest.fixture
+async def secure_router(
+    tmp_path: Path, prefix: str, nats_server: Managed
+) -> AsyncIterator[SecureRouter]:
+    async for router in _secure_router(tmp_path, prefix, nats_server, {}):
+        yield router
+
+
+LIMITS = {
+    "HOTSEAT_MAX_HEADER_BYTES": "4096",
+    "HOTSEAT_MAX_HEADERS": "20",
+    "HOTSEAT_HEADER_TIMEOUT": "1",
+    "HOTSEAT_BODY_TIMEOUT": "1",
+    "HOTSEAT_MAX_CONNECTIONS": "8",
+    "HOTSEAT_BODY_BUDGET_BYTES": "5000",
+}
+"""Small limits, so that a test passes each with a few bytes and a second or two."""
+
+
+@pytest.fixture
+async def limited_router(
+    tmp_path: Path, prefix: str, nats_server: Managed
+) -> AsyncIterator[SecureRouter]:
+    """The secure router (maxBodyBytes 4096) with the small :data:`LIMITS`."""
+    async for router in _secure_router(tmp_path, prefix, nats_server, LIMITS):
+        yield router

@@ -21,6 +21,7 @@ from tests.security.conftest import (
     UPSTREAM_KEY,
     SecureRouter,
 )
+from tests.security.rawhttp import answer_of, connect, head, status_of
 from tests.support.stack import Stack, pool_stack_config
 
 V1_CALLS = [
@@ -84,29 +85,14 @@ async def test_valid_keys_are_accepted(secure_router: SecureRouter) -> None:
             assert unknown.json()["error"]["code"] == "unknown_url"
 
 
-async def _raw(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    host, port = url.removeprefix("http://").split(":")
-    return await asyncio.open_connection(host, int(port))
-
-
-async def _status(reader: asyncio.StreamReader, timeout: float = 5) -> tuple[int, bytes]:
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
-    status = int(head.split(b" ", 2)[1])
-    return status, head
-
-
-def _head(lines: list[str]) -> bytes:
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
 async def test_oversized_content_length_is_refused_before_the_body(
     secure_router: SecureRouter,
 ) -> None:
     """A declared Content-Length over maxBodyBytes gets 413 while not one body byte has
     been sent: nothing is buffered, and nothing reaches an upstream."""
-    reader, writer = await _raw(secure_router.url)
+    reader, writer = await connect(secure_router.url)
     writer.write(
-        _head(
+        head(
             [
                 "POST /v1/chat/completions HTTP/1.1",
                 "host: x",
@@ -117,7 +103,7 @@ async def test_oversized_content_length_is_refused_before_the_body(
         )
     )
     await writer.drain()
-    status, _ = await _status(reader)
+    status, _ = await status_of(reader)
     writer.close()
     assert status == 413
     assert secure_router.echo.requests == []
@@ -128,9 +114,9 @@ async def test_oversized_chunked_body_is_refused_as_it_arrives(
 ) -> None:
     """A chunked body is counted as it arrives: once it passes maxBodyBytes the client
     gets 413 while it is still sending (the terminating chunk never sent)."""
-    reader, writer = await _raw(secure_router.url)
+    reader, writer = await connect(secure_router.url)
     writer.write(
-        _head(
+        head(
             [
                 "POST /v1/chat/completions HTTP/1.1",
                 "host: x",
@@ -142,7 +128,7 @@ async def test_oversized_chunked_body_is_refused_as_it_arrives(
     )
     piece = b'{"model": "m", "pad": "' + b"x" * 1000
     sent = 0
-    answer: asyncio.Task[tuple[int, bytes]] = asyncio.create_task(_status(reader, timeout=30))
+    answer: asyncio.Task[tuple[int, bytes]] = asyncio.create_task(status_of(reader, timeout=30))
     while not answer.done() and sent <= 4 * MAX_BODY:
         writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
         await writer.drain()
@@ -171,7 +157,7 @@ async def _forwarded(url: str, model: str) -> dict[str, object]:
     """Send a request with every hop-by-hop header and a client key; the echo upstream's
     view of it."""
     body = orjson.dumps({"model": model, "messages": []})
-    reader, writer = await _raw(url)
+    reader, writer = await connect(url)
     lines = [
         "POST /v1/chat/completions HTTP/1.1",
         "host: router.example",
@@ -181,18 +167,11 @@ async def _forwarded(url: str, model: str) -> dict[str, object]:
         f"content-length: {len(body)}",
         *(f"{name}: {value}" for name, value in HOP_BY_HOP),
     ]
-    writer.write(_head(lines) + body)
+    writer.write(head(lines) + body)
     await writer.drain()
-    status, head = await _status(reader)
-    assert status == 200, head
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    payload = await asyncio.wait_for(reader.readexactly(length), 5)
+    status, answer, received = await answer_of(reader)
+    assert status == 200, answer
     writer.close()
-    received: dict[str, object] = orjson.loads(payload)
     return received
 
 
@@ -269,10 +248,10 @@ async def test_an_empty_admin_token_disables_admin_actions(
     stack.admin_token = ""
     stack.start_controller("c1")
     try:
-        reader, writer = await _raw(stack.controllers["c1"].url)
+        reader, writer = await connect(stack.controllers["c1"].url)
         body = b'{"member": "coder"}'
         writer.write(
-            _head(
+            head(
                 [
                     "POST /v1/pools/gpu0/swap HTTP/1.1",
                     "host: x",
@@ -284,7 +263,7 @@ async def test_an_empty_admin_token_disables_admin_actions(
             + body
         )
         await writer.drain()
-        status, _ = await _status(reader)
+        status, _ = await status_of(reader)
         writer.close()
         assert status in {401, 403}
     finally:

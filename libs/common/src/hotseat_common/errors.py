@@ -64,6 +64,12 @@ class ErrorCode(StrEnum):
     ALL_BACKENDS_FAILED = "all_backends_failed"
     REQUEST_TIMEOUT = "request_timeout"
     CLIENT_DISCONNECTED = "client_disconnected"
+    REQUEST_HEADERS_TOO_LARGE = "request_headers_too_large"
+    REQUEST_READ_TIMEOUT = "request_read_timeout"
+    """The client took longer than its limit to send a request's headers or body."""
+    TOO_MANY_CONNECTIONS = "too_many_connections"
+    BODY_BUDGET_EXCEEDED = "body_budget_exceeded"
+    """The router already buffers as many request body bytes as it allows at once."""
     STREAM_IDLE_TIMEOUT = "stream_idle_timeout"
     UPSTREAM_BODY_ERROR = "upstream_body_error"
     # the audit service's query API

@@ -3,6 +3,7 @@ an ASGI app under uvicorn with a graceful SIGTERM."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,18 +61,24 @@ def ops_router(readiness: Readiness, registry: CollectorRegistry) -> APIRouter:
 
 
 def run_app(
-    app: FastAPI | str, settings: ServiceSettings, *, workers: int = 1, factory: bool = False
+    app: FastAPI | str,
+    settings: ServiceSettings,
+    *,
+    workers: int = 1,
+    factory: bool = False,
+    http: str | Callable[..., asyncio.Protocol] = "httptools",
 ) -> None:
     """Serve ``app`` until SIGINT/SIGTERM; in-flight requests get ``shutdown_grace`` seconds.
 
     With ``workers > 1`` the app must be an import string (each worker imports it and reads
-    its settings from the environment).
+    its settings from the environment). ``http`` is uvicorn's HTTP protocol: its name, or
+    a factory of connection protocols (which must pickle, for workers).
     """
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
         "loop": "uvloop",
-        "http": "httptools",
+        "http": http,
         "lifespan": "on",
         "log_config": None,
         "access_log": False,

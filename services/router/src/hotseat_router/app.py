@@ -40,6 +40,7 @@ from hotseat_router.activation.protocol import ActivationClient
 from hotseat_router.asgi import Message, Receive, Scope, Send
 from hotseat_router.audit import RequestAudit
 from hotseat_router.auth import ApiKeyCheck, load_api_keys
+from hotseat_router.budget import BodyBudget
 from hotseat_router.dispatch import Dispatcher
 from hotseat_router.errors import MethodNotAllowed, Unauthorized, UnknownUrl, error_answer
 from hotseat_router.headers import REQUEST_ID_B, request_id_of
@@ -180,6 +181,8 @@ def create_app(
                 router=name,
                 max_body_bytes=policy.max_body_bytes,
                 max_json_depth=settings.max_json_depth,
+                body_budget=BodyBudget(settings.body_budget_bytes),
+                body_timeout=settings.body_timeout,
                 request_timeout=policy.request_timeout,
                 sensitive=frozenset(s.lower() for s in policy.classification.sensitive),
             )

@@ -2,29 +2,48 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from itertools import accumulate
 
 import orjson
 
 from hotseat_router.asgi import Receive
-from hotseat_router.errors import BodyTooLarge, ClientDisconnected, InvalidJson, InvalidRequest
+from hotseat_router.budget import BodyClaim
+from hotseat_router.errors import (
+    BodyTooLarge,
+    ClientDisconnected,
+    InvalidJson,
+    InvalidRequest,
+    ReadTimeout,
+)
 
 
-async def read_body(receive: Receive, *, content_length: int | None, limit: int) -> bytes:
-    """The whole body; 413 as soon as the declared or received size passes ``limit``."""
-    if content_length is not None and content_length > limit:
-        raise BodyTooLarge(f"request body is larger than {limit} bytes")
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise ClientDisconnected("client left while sending the body")
-    body: bytes = message.get("body", b"")
-    if len(body) > limit:
-        raise BodyTooLarge(f"request body is larger than {limit} bytes")
-    if not message.get("more_body", False):
-        return body
-    chunks = [body]
-    size = len(body)
+async def read_body(
+    receive: Receive,
+    *,
+    content_length: int | None,
+    limit: int,
+    claim: BodyClaim,
+    timeout: float,
+) -> bytes:
+    """The whole body: 413 as soon as the declared or received size passes ``limit``, 503
+    when the process's body budget cannot hold it (``claim`` covers it, declared size
+    first), 408 when it has not all arrived within ``timeout`` seconds."""
+    if content_length is not None:
+        if content_length > limit:
+            raise BodyTooLarge(f"request body is larger than {limit} bytes")
+        claim.cover(content_length)
+    try:
+        async with asyncio.timeout(timeout):
+            return await _read(receive, limit, claim)
+    except TimeoutError:
+        raise ReadTimeout(f"request body not received within {timeout:g}s") from None
+
+
+async def _read(receive: Receive, limit: int, claim: BodyClaim) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -33,9 +52,10 @@ async def read_body(receive: Receive, *, content_length: int | None, limit: int)
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge(f"request body is larger than {limit} bytes")
-        chunks.append(chunk)
+        claim.cover(size)
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            return chunk if not chunks else b"".join([*chunks, chunk])
+        chunks.append(chunk)
 
 
 MAX_JSON_DEPTH = 254

@@ -7,6 +7,10 @@
         ├── InvalidRequest            invalid_request         400
         ├── Unauthorized              invalid_api_key         401
         ├── BodyTooLarge              request_too_large       413
+        ├── HeadersTooLarge           request_headers_too_large 431
+        ├── ReadTimeout               request_read_timeout    408
+        ├── TooManyConnections        too_many_connections    503 + Retry-After
+        ├── BodyBudgetExceeded        body_budget_exceeded    503 + Retry-After
         ├── ModelNotFound             model_not_found         404
         ├── UnknownUrl                unknown_url             404
         ├── MethodNotAllowed          method_not_allowed      405 + Allow
@@ -60,6 +64,22 @@ class BodyTooLarge(RouterError):
     code = ErrorCode.REQUEST_TOO_LARGE
 
 
+class HeadersTooLarge(RouterError):
+    code = ErrorCode.REQUEST_HEADERS_TOO_LARGE
+
+
+class ReadTimeout(RouterError):
+    code = ErrorCode.REQUEST_READ_TIMEOUT
+
+
+class TooManyConnections(RouterError):
+    code = ErrorCode.TOO_MANY_CONNECTIONS
+
+
+class BodyBudgetExceeded(RouterError):
+    code = ErrorCode.BODY_BUDGET_EXCEEDED
+
+
 class ModelNotFound(RouterError):
     code = ErrorCode.MODEL_NOT_FOUND
 
@@ -100,6 +120,9 @@ class ErrorSpec:
     outcome: RequestOutcome
     retry: bool = False
     """Whether the answer carries ``Retry-After``."""
+    close: bool = False
+    """Whether the answer closes the connection (the client's request was not read to
+    its end, so nothing after it on the connection can be trusted)."""
 
 
 _REJECTED = RequestOutcome.REJECTED
@@ -108,6 +131,16 @@ ERROR_TABLE: dict[ErrorCode, ErrorSpec] = {
     ErrorCode.INVALID_REQUEST: ErrorSpec(400, "invalid_request_error", _REJECTED),
     ErrorCode.INVALID_API_KEY: ErrorSpec(401, "invalid_request_error", _REJECTED),
     ErrorCode.REQUEST_TOO_LARGE: ErrorSpec(413, "invalid_request_error", _REJECTED),
+    ErrorCode.REQUEST_HEADERS_TOO_LARGE: ErrorSpec(
+        431, "invalid_request_error", _REJECTED, close=True
+    ),
+    ErrorCode.REQUEST_READ_TIMEOUT: ErrorSpec(408, "invalid_request_error", _REJECTED, close=True),
+    ErrorCode.TOO_MANY_CONNECTIONS: ErrorSpec(
+        503, "server_error", _REJECTED, retry=True, close=True
+    ),
+    ErrorCode.BODY_BUDGET_EXCEEDED: ErrorSpec(
+        503, "server_error", _REJECTED, retry=True, close=True
+    ),
     ErrorCode.MODEL_NOT_FOUND: ErrorSpec(404, "invalid_request_error", RequestOutcome.NO_ROUTE),
     ErrorCode.UNKNOWN_URL: ErrorSpec(404, "invalid_request_error", _REJECTED),
     ErrorCode.METHOD_NOT_ALLOWED: ErrorSpec(405, "invalid_request_error", _REJECTED),
@@ -161,4 +194,6 @@ def error_answer(exc: HotseatError) -> tuple[int, list[tuple[bytes, bytes]], byt
         headers.append((b"retry-after", str(retry).encode()))
     if isinstance(exc, MethodNotAllowed):
         headers.append((b"allow", exc.allow.encode()))
+    if spec.close:
+        headers.append((b"connection", b"close"))
     return spec.status, headers, body

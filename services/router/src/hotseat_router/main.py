@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from functools import partial
 
 from pydantic import SecretStr
 
@@ -13,7 +14,8 @@ from hotseat_common.logging import configure_logging
 from hotseat_common.service import run_app
 from hotseat_common.settings import load_settings
 from hotseat_router.app import create_app
-from hotseat_router.settings import RouterSettings
+from hotseat_router.connection import LimitedHttpProtocol
+from hotseat_router.settings import RouterSettings, connection_limits
 
 EXIT_CONFIG = 2
 
@@ -49,9 +51,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"hotseat-router: invalid config {exc}\n")
         return EXIT_CONFIG
+    if settings.body_budget_bytes < config.router.max_body_bytes:
+        sys.stderr.write(
+            f"hotseat-router: --body-budget-bytes ({settings.body_budget_bytes}) is smaller"
+            f" than router.maxBodyBytes ({config.router.max_body_bytes}): a body the config"
+            " allows could never be buffered\n"
+        )
+        return EXIT_CONFIG
+    http = partial(LimitedHttpProtocol, limits=connection_limits(settings))
     if settings.workers > 1:
         os.environ.update(_as_env(settings))
-        run_app("hotseat_router.app:app_from_env", settings, workers=settings.workers, factory=True)
+        run_app(
+            "hotseat_router.app:app_from_env",
+            settings,
+            workers=settings.workers,
+            factory=True,
+            http=http,
+        )
     else:
-        run_app(create_app(settings, config), settings)
+        run_app(create_app(settings, config), settings, http=http)
     return 0

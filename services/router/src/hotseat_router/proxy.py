@@ -19,6 +19,7 @@ from hotseat_router.asgi import Receive, Scope, Send
 from hotseat_router.audit import RequestAudit
 from hotseat_router.auth import ApiKeyCheck
 from hotseat_router.body import parse_body, read_body
+from hotseat_router.budget import BodyBudget, BodyClaim
 from hotseat_router.context import RequestContext
 from hotseat_router.dispatch import Dispatched, Dispatcher, Outbound
 from hotseat_router.errors import (
@@ -52,6 +53,8 @@ class ProxyEndpoint:
         router: str,
         max_body_bytes: int,
         max_json_depth: int,
+        body_budget: BodyBudget,
+        body_timeout: float,
         request_timeout: float,
         sensitive: frozenset[str],
     ) -> None:
@@ -63,6 +66,8 @@ class ProxyEndpoint:
         self._in_flight = metrics.in_flight.labels(router)
         self._max_body = max_body_bytes
         self._max_depth = max_json_depth
+        self._budget = body_budget
+        self._body_timeout = body_timeout
         self._request_timeout = request_timeout
         self._sensitive = sensitive
 
@@ -92,9 +97,11 @@ class ProxyEndpoint:
     async def _dispatch(
         self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send, creds: _Credentials
     ) -> Dispatched | None:
-        """Everything up to an upstream's response headers; ``None`` when already answered."""
+        """Everything up to an upstream's response headers; ``None`` when already answered.
+        The body is held (and counted in the body budget) only until then."""
+        claim = self._budget.claim()
         try:
-            route, outbound = await self._admit(ctx, scope, receive, creds)
+            route, outbound = await self._admit(ctx, scope, receive, creds, claim)
             ctx.watch_client(receive)
             deadline = ctx.started + self._request_timeout
             return await self._dispatcher.walk(ctx, route, outbound, deadline)
@@ -113,9 +120,16 @@ class ProxyEndpoint:
             log.exception("request_failed", request_id=ctx.request_id)
             await self._answer_error(ctx, send, RouterError(f"internal error: {exc}"))
             return None
+        finally:
+            claim.release()
 
     async def _admit(
-        self, ctx: RequestContext, scope: Scope, receive: Receive, creds: _Credentials
+        self,
+        ctx: RequestContext,
+        scope: Scope,
+        receive: Receive,
+        creds: _Credentials,
+        claim: BodyClaim,
     ) -> tuple[Route, Outbound]:
         """Authenticate, read and parse the body, match a route, find what a backend that
         renames the model must rewrite; raise to reject. Nothing here touches a pool: a
@@ -123,7 +137,11 @@ class ProxyEndpoint:
         if not self._auth.allows(creds.authorization):
             raise Unauthorized("missing or invalid API key")
         body = await read_body(
-            receive, content_length=_length(creds.content_length), limit=self._max_body
+            receive,
+            content_length=_length(creds.content_length),
+            limit=self._max_body,
+            claim=claim,
+            timeout=self._body_timeout,
         )
         fields = parse_body(body, max_depth=self._max_depth)
         ctx.asked_for(fields.model)

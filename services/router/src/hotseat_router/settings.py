@@ -7,8 +7,9 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 
 from hotseat_common.config.model import HotseatConfig
-from hotseat_common.settings import ServiceSettings
+from hotseat_common.settings import ServiceSettings, SettingDuration
 from hotseat_router.body import MAX_JSON_DEPTH
+from hotseat_router.connection import ConnectionLimits
 
 
 class RouterSettings(ServiceSettings):
@@ -33,8 +34,46 @@ class RouterSettings(ServiceSettings):
         le=MAX_JSON_DEPTH,
         description="Deepest nesting of a request body's JSON (deeper: 400)",
     )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        description="Largest request head (request line and headers) in bytes (larger: 431)",
+    )
+    max_headers: int = Field(
+        default=100, ge=8, description="Most headers in one request (more: 431)"
+    )
+    header_timeout: SettingDuration = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds a client has to send a request's headers (later: 408, closed)",
+    )
+    body_timeout: SettingDuration = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds a client has to send a request's whole body (later: 408)",
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        description="Most open client connections per router process (more: 503)",
+    )
+    body_budget_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1,
+        description="Request body bytes one router process buffers at once, all requests"
+        " together (more: 503)",
+    )
     audit_buffer: int = Field(
         default=10_000, ge=1, description="Audit events held while NATS is unreachable"
+    )
+
+
+def connection_limits(settings: RouterSettings) -> ConnectionLimits:
+    return ConnectionLimits(
+        max_header_bytes=settings.max_header_bytes,
+        max_headers=settings.max_headers,
+        header_timeout=settings.header_timeout,
+        max_connections=settings.max_connections,
     )
 
 

@@ -1,0 +1,205 @@
+"""The router's HTTP connections: uvicorn's httptools protocol with limits on what a
+client may make the router hold before a request reaches the app.
+
+- A request's head (request line and headers) larger than ``max_header_bytes``, or with
+  more than ``max_headers`` headers, is answered 431 and the connection closed. The
+  bytes are counted as they arrive, so at most one read past the limit is ever held.
+- A head not complete ``header_timeout`` seconds after the connection opened (or, on a
+  kept-alive connection, after the request's first byte) is answered 408 and closed.
+- A connection that would make more than ``max_connections`` open at once in this
+  process has its request answered 503 with ``Retry-After`` and is closed.
+- A request the parser cannot read gets 400 with the OpenAI error body.
+
+Every such answer has the OpenAI error body and an ``x-hotseat-request-id``; none of
+them reaches the app, so none is audited (there is no request to audit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import httptools
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from hotseat_common.errors import HotseatError
+from hotseat_common.logging import get_logger
+from hotseat_router.asgi import Receive, Scope, Send
+from hotseat_router.errors import (
+    HeadersTooLarge,
+    InvalidRequest,
+    ReadTimeout,
+    TooManyConnections,
+    error_answer,
+)
+from hotseat_router.headers import REQUEST_ID_B, request_id_of
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_header_bytes: int
+    max_headers: int
+    header_timeout: float
+    max_connections: int
+
+
+class _HeadRefused(Exception):
+    """Raised from a parser callback to stop parsing a head that passed a limit."""
+
+
+def _answer(exc: HotseatError) -> tuple[bytes, bytes]:
+    """The raw HTTP/1.1 answer for ``exc``, closing the connection, and its request id."""
+    status, headers, body = error_answer(exc)
+    request_id = request_id_of(None).encode()
+    lines = [STATUS_LINE[status]]
+    lines.extend(name + b": " + value + b"\r\n" for name, value in headers)
+    lines.append(REQUEST_ID_B + b": " + request_id + b"\r\n")
+    if (b"connection", b"close") not in headers:
+        lines.append(b"connection: close\r\n")
+    return b"".join([*lines, b"\r\n", body]), request_id
+
+
+async def _too_many_connections(_scope: Scope, _receive: Receive, send: Send) -> None:
+    """The app of a connection past ``max_connections``: 503, then close."""
+    status, headers, body = error_answer(
+        TooManyConnections("the router has too many open connections; retry shortly")
+    )
+    headers.append((REQUEST_ID_B, request_id_of(None).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class LimitedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with :class:`ConnectionLimits` (module docstring)."""
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        limits: ConnectionLimits,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._limits = limits
+        self._in_head = False
+        self._began_in_this_read = False
+        # The current head's size is known two ways, each a lower bound: the whole reads
+        # that arrived while it was incomplete, and what the parser has handed over.
+        self._read_head_bytes = 0
+        self._parsed_head_bytes = 0
+        self._headers = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self._limits.max_connections:
+            log.debug("connection_refused", reason="too_many_connections")
+            self.app = _too_many_connections
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        self._began_in_this_read = False
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, _HeadRefused):
+                self._refuse(HeadersTooLarge(str(exc.__context__)))
+                return
+            self._refuse(InvalidRequest("the request is not valid HTTP/1.1"))
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError:
+            self._refuse(InvalidRequest("the request is not valid HTTP/1.1"))
+            return
+        if self._in_head and not self._began_in_this_read:
+            # The whole read belongs to the unfinished head.
+            self._read_head_bytes += len(data)
+            if self._head_too_large():
+                self._refuse(HeadersTooLarge(self._too_large()))
+
+    def send_400_response(self, msg: str) -> None:
+        self._refuse(InvalidRequest(msg))
+
+    # parser callbacks
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+        self._began_in_this_read = True
+        self._read_head_bytes = self._parsed_head_bytes = self._headers = 0
+        if self._head_timer is None:
+            self._arm_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._parsed_head_bytes += len(url)
+        if self._head_too_large():
+            raise _HeadRefused(self._too_large())
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._parsed_head_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        self._headers += 1
+        if self._headers > self._limits.max_headers:
+            raise _HeadRefused(f"a request may have at most {self._limits.max_headers} headers")
+        if self._head_too_large():
+            raise _HeadRefused(self._too_large())
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._disarm_head_timer()
+        super().on_headers_complete()
+
+    # limits
+
+    def _head_too_large(self) -> bool:
+        return max(self._read_head_bytes, self._parsed_head_bytes) > self._limits.max_header_bytes
+
+    def _too_large(self) -> str:
+        return f"request headers are larger than {self._limits.max_header_bytes} bytes"
+
+    def _arm_head_timer(self) -> None:
+        self._head_timer = self.loop.call_later(self._limits.header_timeout, self._head_late)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        self._refuse(
+            ReadTimeout(f"request headers not received within {self._limits.header_timeout:g}s")
+        )
+
+    def _refuse(self, exc: HotseatError) -> None:
+        """Answer ``exc`` and close, unless a response is already being written on this
+        connection (a pipelined request): then just close once it is done."""
+        self._disarm_head_timer()
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False
+            self.flow.pause_reading()
+            return
+        raw, request_id = _answer(exc)
+        log.debug("request_refused", code=exc.code, request_id=request_id.decode())
+        self.transport.write(raw)
+        self.transport.close()
