@@ -1,5 +1,6 @@
 """Router test harness: fake upstreams on free ports, a real router (uvicorn on a free
-port, in this process) and the audit events it publishes, read back from JetStream."""
+port, in this process, with the router's own connection layer) and the audit events it
+publishes, read back from JetStream."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import httpx
@@ -18,7 +20,8 @@ from nats.aio.client import Client as NatsClient
 from hotseat.launcher import Managed, free_port
 from hotseat_common.config import HotseatConfig, parse_config
 from hotseat_router.app import ActivationFactory, RouterApp, create_app
-from hotseat_router.settings import RouterSettings
+from hotseat_router.connection import LimitedHttpProtocol
+from hotseat_router.settings import RouterSettings, connection_limits
 from tests.router.upstreams import FakeUpstream
 from tests.support.audit_trail import urls_flushed
 
@@ -95,7 +98,7 @@ async def start_router(
                 app,
                 host="127.0.0.1",
                 port=settings.port,
-                http="httptools",
+                http=partial(LimitedHttpProtocol, limits=connection_limits(settings)),
                 ws="none",
                 lifespan="on",
                 log_config=None,

@@ -70,7 +70,8 @@ class FakeUpstream:
     (answer after ``delay_s``), ``echo``,
     ``stream`` (first chunk, then the rest once ``gate`` is set), ``stream_forever``
     (one chunk, then nothing until the client leaves), ``stream_stall`` (one chunk, then
-    silence). A JSON body's ``stream: true`` switches ``ok`` to a short SSE stream."""
+    silence), ``stream_flood`` (chunks as fast as they are taken, until the client
+    leaves). A JSON body's ``stream: true`` switches ``ok`` to a short SSE stream."""
 
     name: str
     mode: str = "ok"
@@ -140,6 +141,8 @@ class FakeUpstream:
         response = web.StreamResponse(headers={**headers, "content-type": "text/event-stream"})
         await response.prepare(request)
         await response.write(chunk(model, f"from {self.name}"))
+        while self.mode == "stream_flood":
+            await response.write(chunk(model, "x" * 16384))
         if self.mode == "stream":
             await self.gate.wait()
         elif self.mode in {"stream_forever", "stream_stall"}:

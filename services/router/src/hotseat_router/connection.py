@@ -9,6 +9,9 @@ client may make the router hold before a request reaches the app.
 - A connection that would make more than ``max_connections`` open at once in this
   process has its request answered 503 with ``Retry-After`` and is closed.
 - A request the parser cannot read gets 400 with the OpenAI error body.
+- A client that stops reading its response (the connection's write buffer stays full
+  for ``write_timeout`` seconds) is dropped: the connection is aborted, which the app
+  sees as the client leaving (the upstream request is cancelled, the lease released).
 
 Every such answer has the OpenAI error body and an ``x-hotseat-request-id``; none of
 them reaches the app, so none is audited (there is no request to audit).
@@ -46,6 +49,7 @@ class ConnectionLimits:
     max_headers: int
     header_timeout: float
     max_connections: int
+    write_timeout: float
 
 
 class _HeadRefused(Exception):
@@ -96,6 +100,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._parsed_head_bytes = 0
         self._headers = 0
         self._head_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -106,7 +111,19 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
+        self._disarm_write_timer()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(
+                self._limits.write_timeout, self._client_stopped_reading
+            )
+
+    def resume_writing(self) -> None:
+        self._disarm_write_timer()
+        super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
@@ -188,6 +205,17 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._refuse(
             ReadTimeout(f"request headers not received within {self._limits.header_timeout:g}s")
         )
+
+    def _disarm_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _client_stopped_reading(self) -> None:
+        self._write_timer = None
+        log.info("client_dropped", reason="write_timeout", timeout_s=self._limits.write_timeout)
+        # Not close(): it would wait for the unread bytes to drain, which never happens.
+        self.transport.abort()
 
     def _refuse(self, exc: HotseatError) -> None:
         """Answer ``exc`` and close, unless a response is already being written on this

@@ -52,6 +52,12 @@ class RouterSettings(ServiceSettings):
         gt=0,
         description="Seconds a client has to send a request's whole body (later: 408)",
     )
+    write_timeout: SettingDuration = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a client may leave its response unread with the router's"
+        " buffer for it full (then it is dropped, its lease released)",
+    )
     max_connections: int = Field(
         default=1000,
         ge=1,
@@ -74,6 +80,7 @@ def connection_limits(settings: RouterSettings) -> ConnectionLimits:
         max_headers=settings.max_headers,
         header_timeout=settings.header_timeout,
         max_connections=settings.max_connections,
+        write_timeout=settings.write_timeout,
     )
 
 
