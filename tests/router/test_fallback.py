@@ -110,6 +110,11 @@ def quarantine_config(a, b, quarantine: str) -> dict[str, object]:
     }
 
 
+ONE_FAILURE = {"health_failures": 1, "health_clients": 1}
+"""Passive health set to quarantine on a backend's first failure (these tests are about
+the quarantine itself; tests/security/test_health.py about what starts one)."""
+
+
 def healthy(metrics: str, backend: str) -> float:
     for line in metrics.splitlines():
         if line.startswith("hotseat_router_backend_healthy") and f'backend="{backend}"' in line:
@@ -122,7 +127,7 @@ async def test_quarantine_then_one_trial_then_recovery(upstream, start_router, c
     a, b = await upstream("a"), await upstream("b")
     a.mode = "status"
     clock = ManualClock()
-    router = await start_router(quarantine_config(a, b, "10s"), health_clock=clock)
+    router = await start_router(quarantine_config(a, b, "10s"), health_clock=clock, **ONE_FAILURE)
     url = router.url + CHAT
     assert (await client.post(url, json=BODY)).headers["x-hotseat-backend"] == "b"
     clock.now += 9.9  # still inside the quarantine
@@ -143,7 +148,7 @@ async def test_failed_trial_requarantines(upstream, start_router, client):
     a, b = await upstream("a"), await upstream("b")
     a.mode = "status"
     clock = ManualClock()
-    router = await start_router(quarantine_config(a, b, "10s"), health_clock=clock)
+    router = await start_router(quarantine_config(a, b, "10s"), health_clock=clock, **ONE_FAILURE)
     url = router.url + CHAT
     await client.post(url, json=BODY)
     clock.now += 10.1
@@ -158,7 +163,9 @@ async def test_quarantine_runs_on_the_real_clock(upstream, start_router, client)
     a, b = await upstream("a"), await upstream("b")
     a.mode = "status"
     quarantine = 0.3
-    router = await start_router(quarantine_config(a, b, f"{int(quarantine * 1000)}ms"))
+    router = await start_router(
+        quarantine_config(a, b, f"{int(quarantine * 1000)}ms"), **ONE_FAILURE
+    )
     url = router.url + CHAT
     assert (await client.post(url, json=BODY)).headers["x-hotseat-backend"] == "b"
     quarantined_by = time.monotonic()  # a's failure was recorded before this answer

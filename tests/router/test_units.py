@@ -15,7 +15,7 @@ from hotseat_router.errors import (
     error_answer,
     retry_after_seconds,
 )
-from hotseat_router.health import Admission, PassiveHealth
+from hotseat_router.health import Admission, Failure, HealthPolicy, PassiveHealth
 from hotseat_router.matching import Matcher
 from hotseat_router.rewrite import locate_model, with_model
 
@@ -51,9 +51,13 @@ def test_quarantine_then_single_trial():
     """A failed backend is refused until its quarantine ends, then admitted once as a trial."""
     now = [0.0]
     changes: list[tuple[str, bool]] = []
-    health = PassiveHealth(10, clock=lambda: now[0], on_change=lambda b, h: changes.append((b, h)))
+    health = PassiveHealth(
+        HealthPolicy(10, failures=1, clients=1),
+        clock=lambda: now[0],
+        on_change=lambda b, h: changes.append((b, h)),
+    )
     assert health.admit("a") is Admission.NORMAL
-    health.failed("a")
+    health.failed("a", client="c1", kind=Failure.ANSWERED)
     assert health.admit("a") is None
     now[0] = 10.0
     assert health.admit("a") is Admission.TRIAL
@@ -63,6 +67,34 @@ def test_quarantine_then_single_trial():
     health.succeeded("a")
     assert health.admit("a") is Admission.NORMAL
     assert changes == [("a", False), ("a", True)]
+
+
+def test_quarantine_needs_failures_spread_over_clients_unless_unreachable():
+    """Answers that fail (5xx, timeouts) quarantine only once `failures` requests from at
+    least `clients` clients failed within the window with no success between; failures to
+    connect need no second client; a success or the window's end forgets failures."""
+    now = [0.0]
+    health = PassiveHealth(
+        HealthPolicy(10, failures=3, window_s=5, clients=2), clock=lambda: now[0]
+    )
+    for _ in range(5):
+        health.failed("a", client="c1", kind=Failure.ANSWERED)
+    assert not health.quarantined("a")
+    health.failed("a", client="c2", kind=Failure.ANSWERED)
+    assert health.quarantined("a")
+    health.failed("b", client="c1", kind=Failure.ANSWERED)
+    health.failed("b", client="c2", kind=Failure.ANSWERED)
+    health.succeeded("b")
+    health.failed("b", client="c1", kind=Failure.ANSWERED)
+    assert not health.quarantined("b")
+    for _ in range(2):
+        health.failed("u", client="c1", kind=Failure.UNREACHABLE)
+    now[0] = 5.0  # the first two fall out of the window
+    health.failed("u", client="c1", kind=Failure.UNREACHABLE)
+    assert not health.quarantined("u")
+    health.failed("u", client="c1", kind=Failure.UNREACHABLE)
+    health.failed("u", client="c1", kind=Failure.UNREACHABLE)
+    assert health.quarantined("u")
 
 
 def test_api_keys_constant_time_check():

@@ -80,9 +80,10 @@ async def test_openai_sdk_through_router_to_sims(sims, start_router, audit):
 
 
 async def test_sim_error_status_falls_back(sims, start_router):
-    """A sim's 429 passes through; its 503 moves the request on and quarantines it."""
+    """A sim's 429 passes through; its 503 moves the request on and (with passive health
+    set to quarantine on one failure) quarantines it."""
     config, small, _ = sims
-    router = await start_router(config)
+    router = await start_router(config, health_failures=1, health_clients=1)
     async with httpx.AsyncClient(timeout=10) as http:
         url = router.url + "/v1/chat/completions"
         body = {

@@ -44,7 +44,7 @@ from hotseat_router.budget import BodyBudget
 from hotseat_router.dispatch import Dispatcher
 from hotseat_router.errors import MethodNotAllowed, Unauthorized, UnknownUrl, error_answer
 from hotseat_router.headers import REQUEST_ID_B, request_id_of
-from hotseat_router.health import PassiveHealth
+from hotseat_router.health import HealthPolicy, PassiveHealth
 from hotseat_router.matching import Matcher
 from hotseat_router.openapi import router_openapi
 from hotseat_router.proxy import PROXY_PATHS, ProxyEndpoint
@@ -157,7 +157,16 @@ def create_app(
             dispatcher = Dispatcher(
                 policy=policy,
                 pool_budgets={p.name: p.swap_budget for p in config.pools},
-                health=PassiveHealth(policy.quarantine, on_change=on_health, clock=health_clock),
+                health=PassiveHealth(
+                    HealthPolicy(
+                        quarantine_s=policy.quarantine,
+                        failures=settings.health_failures,
+                        window_s=settings.health_window,
+                        clients=settings.health_clients,
+                    ),
+                    on_change=on_health,
+                    clock=health_clock,
+                ),
                 upstream=upstream,
                 activation=activation,
                 audit=audit,

@@ -11,7 +11,7 @@ from typing import Self
 from hotseat_common.config.model import Backend
 from hotseat_router.activation.protocol import new_attempt
 from hotseat_router.activation.scope import LeaseScope
-from hotseat_router.health import Admission, PassiveHealth
+from hotseat_router.health import Admission, Failure, PassiveHealth
 
 
 class Attempt:
@@ -22,33 +22,42 @@ class Attempt:
     own lease still live (it would be skipped as busy because of itself)."""
 
     def __init__(
-        self, backend: Backend, admission: Admission, health: PassiveHealth, *, router: str
+        self,
+        backend: Backend,
+        admission: Admission,
+        health: PassiveHealth,
+        *,
+        router: str,
+        client: str,
     ) -> None:
         self.id = new_attempt(router)
         """This try's name at the pool controller (the key of its waiter and its lease)."""
         self.backend = backend
         self._admission = admission
         self._health = health
+        self._client = client
         self.lease: LeaseScope | None = None
         self._settled = False
         self._handed_on = False
 
     @classmethod
-    def admitted(cls, backend: Backend, health: PassiveHealth, *, router: str) -> Attempt | None:
-        """A try of ``backend`` if passive health lets one go to it now (``None``: it is
-        quarantined, or its one trial request is already out)."""
+    def admitted(
+        cls, backend: Backend, health: PassiveHealth, *, router: str, client: str
+    ) -> Attempt | None:
+        """A try of ``backend`` for a request of ``client`` if passive health lets one go
+        to it now (``None``: it is quarantined, or its one trial request is already out)."""
         admission = health.admit(backend.name)
         if admission is None:
             return None
-        return cls(backend, admission, health, router=router)
+        return cls(backend, admission, health, router=router, client=client)
 
     def succeeded(self) -> None:
         if self._settle():
             self._health.succeeded(self.backend.name)
 
-    def failed(self) -> None:
+    def failed(self, kind: Failure) -> None:
         if self._settle():
-            self._health.failed(self.backend.name)
+            self._health.failed(self.backend.name, client=self._client, kind=kind)
 
     def hand_on(self) -> LeaseScope | None:
         """The response goes to the client: its lease is the relay's to close."""

@@ -53,6 +53,13 @@ class ApiKeyCheck:
     def enabled(self) -> bool:
         return bool(self._digests)
 
+    def client_of(self, authorization: bytes | None, address: str) -> str:
+        """Who a request comes from: its key (as a short digest, never the key itself)
+        when keys are configured, else its peer address."""
+        if self._digests and authorization is not None:
+            return hashlib.sha256(authorization[7:].strip()).hexdigest()[:16]
+        return address
+
     def allows(self, authorization: bytes | None) -> bool:
         if not self._digests:
             return True

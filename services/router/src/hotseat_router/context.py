@@ -20,6 +20,9 @@ from hotseat_router.asgi import Receive
 @dataclass(slots=True)
 class RequestContext:
     request_id: str
+    client: str = ""
+    """Who sent the request, as passive health tells clients apart: a digest of its API
+    key when keys are configured, else its address."""
     started: float = field(default_factory=time.monotonic)
     rule: str | None = None
     model: str | None = None

@@ -10,8 +10,9 @@ For each backend, in the rule's order:
    controller unavailable: next backend;
 4. send the request with the per-attempt timeout (rule, else backend, else router),
    started only now that the member is leased, clipped to the request deadline;
-5. connection errors, per-attempt timeouts and 5xx quarantine the backend and move on;
-   any other status (4xx included) is the answer.
+5. connection errors, per-attempt timeouts and 5xx move on (and count toward the
+   backend's quarantine, see :mod:`hotseat_router.health`); any other status (4xx
+   included) is the answer.
 
 When nothing answered, the most specific reason wins: fail_closed (a sensitive request
 whose cloud backends were withheld), controller_unavailable, pool_incumbent_busy (every
@@ -44,7 +45,7 @@ from hotseat_router.body import RoutingFields
 from hotseat_router.context import RequestContext
 from hotseat_router.errors import AllBackendsFailed, DeadlineExceeded, FailClosed
 from hotseat_router.headers import upstream_request_headers
-from hotseat_router.health import PassiveHealth
+from hotseat_router.health import Failure, PassiveHealth
 from hotseat_router.matching import Route
 from hotseat_router.rewrite import ModelSlot, with_model
 from hotseat_router.upstream import UpstreamClient, UpstreamConnectError, UpstreamResponse
@@ -126,7 +127,9 @@ class Dispatcher:
             if out.sensitive and backend.tier is not Tier.LOCAL:
                 tally.withheld += 1
                 continue
-            attempt = Attempt.admitted(backend, self._health, router=self._router)
+            attempt = Attempt.admitted(
+                backend, self._health, router=self._router, client=ctx.client
+            )
             if attempt is None:
                 tally.quarantined += 1
                 continue
@@ -272,7 +275,7 @@ class Dispatcher:
 async def _failed(attempt: Attempt, connection_failure: str | None) -> None:
     """The backend failed this try: quarantined, and a pool member that could not be
     reached at all is reported to the controller (which checks the resident)."""
-    attempt.failed()
+    attempt.failed(Failure.UNREACHABLE if connection_failure == "connect" else Failure.ANSWERED)
     if attempt.lease is not None and connection_failure is not None:
         await attempt.lease.report_failure(connection_failure)
 

@@ -82,7 +82,11 @@ class ProxyEndpoint:
                 authorization = value
             elif name == b"content-length":
                 content_length = value
-        ctx = RequestContext(request_id=request_id_of(client_request_id))
+        peer = scope.get("client")
+        ctx = RequestContext(
+            request_id=request_id_of(client_request_id),
+            client=self._auth.client_of(authorization, peer[0] if peer else ""),
+        )
         self._in_flight.inc()
         try:
             dispatched = await self._dispatch(

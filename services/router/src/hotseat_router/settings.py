@@ -69,6 +69,19 @@ class RouterSettings(ServiceSettings):
         description="Request body bytes one router process buffers at once, all requests"
         " together (more: 503)",
     )
+    health_failures: int = Field(
+        default=3,
+        ge=1,
+        description="Failed requests, none served between them, that quarantine a backend",
+    )
+    health_window: SettingDuration = Field(
+        default=30.0, gt=0, description="Seconds within which those failures must fall"
+    )
+    health_clients: int = Field(
+        default=2,
+        ge=1,
+        description="Distinct clients among them, unless every one failed to connect",
+    )
     audit_buffer: int = Field(
         default=10_000, ge=1, description="Audit events held while NATS is unreachable"
     )
