@@ -6,10 +6,9 @@ cannot be connected to at all is quarantined after a few requests of any one cli
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
-
-from hotseat.launcher import free_port
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "m", "messages": []}
@@ -73,10 +72,15 @@ async def test_an_unreachable_backend_is_quarantined_after_a_few_requests(
     """Failing to connect is nobody's request's doing: a few requests of one client are
     enough to quarantine the backend (not the first), and then it is not tried."""
     b = await upstream("b")
-    router = await start_router(config(f"http://127.0.0.1:{free_port()}", b.url), **THRESHOLDS)
-    url = router.url + CHAT
-    for _ in range(5):
-        response = await client.post(url, json=BODY)
-        assert response.headers["x-hotseat-backend"] == "b"
-    metrics = (await client.get(router.url + "/metrics")).text
+    # Bound and never listening: refused for as long as the test holds it (a port merely
+    # free when chosen could be taken by another process meanwhile).
+    with socket.socket() as unreachable:
+        unreachable.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{unreachable.getsockname()[1]}"
+        router = await start_router(config(dead, b.url), **THRESHOLDS)
+        url = router.url + CHAT
+        for _ in range(5):
+            response = await client.post(url, json=BODY)
+            assert response.headers["x-hotseat-backend"] == "b"
+        metrics = (await client.get(router.url + "/metrics")).text
     assert attempts(metrics, "a", "connect") == THRESHOLDS["health_failures"]
