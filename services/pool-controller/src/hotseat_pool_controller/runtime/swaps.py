@@ -2,10 +2,15 @@
 
 No request can cancel a swap: it runs in the controller's own task, bounded only by the
 pool's ``swapTimeout``. A heartbeat keeps the claim; when the claim is lost (another
-replica took over with a newer epoch) the swap stops touching drivers at once. Right before
-every driver command the owner reads the pool state once more and stops if the swap is no
-longer its own, so a controller that was frozen and thawed does not act on a stale claim;
-the drivers fence what is left of that window at the backend (docs/drivers.md).
+replica took over with a newer epoch) the swap stops touching drivers at once: a driver
+command under way is cancelled, and none starts after. Right before every driver command
+the owner reads the pool state once more and stops if the swap is no longer its own, so a
+controller that was frozen and thawed does not act on a stale claim; the drivers fence what
+is left of that window at the backend (docs/drivers.md).
+
+The heartbeat never cancels the swap anywhere else: every store step checks ownership
+itself, and the swap's own last step (commit, cancel, fail) ends the claim, so a heartbeat
+that reads the pool right after it must not cut the swap's announcements short.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from redis.exceptions import RedisError
 
@@ -47,6 +52,40 @@ Step = Callable[[PoolSnapshot], Decision | None]
 
 class OwnershipLost(Exception):
     """Another replica now owns this swap (newer epoch)."""
+
+
+class _Claim:
+    """One run's claim as its heartbeat last saw it. A loss cancels the driver command
+    under way, if any, and refuses every later one; nothing else of the run is cut."""
+
+    def __init__(self, work: asyncio.Task[object] | None) -> None:
+        self._work = work
+        self._driving = False
+        self._cancelled = False
+        self.lost = False
+
+    def lose(self) -> None:
+        self.lost = True
+        if self._driving and self._work is not None and not self._cancelled:
+            self._cancelled = True
+            self._work.cancel()
+
+    @contextlib.asynccontextmanager
+    async def driving(self) -> AsyncIterator[None]:
+        """Around a driver command: the heartbeat may cancel it (raised as OwnershipLost)."""
+        if self.lost:
+            raise OwnershipLost
+        self._driving = True
+        try:
+            yield
+        except asyncio.CancelledError:
+            if not self._cancelled or self._work is None:
+                raise
+            self._cancelled = False
+            self._work.uncancel()
+            raise OwnershipLost from None
+        finally:
+            self._driving = False
 
 
 class SwapRunner:
@@ -89,13 +128,15 @@ class SwapRunner:
         started = time.monotonic()
         log.info("swap_run", pool=self._policy.name, target=order.target, epoch=epoch,
                  resume=order.resume, budget_s=round(remaining, 3))  # fmt: skip
-        work = asyncio.current_task()
-        heartbeat = asyncio.create_task(self._heartbeat(epoch, work))
+        claim = _Claim(asyncio.current_task())
+        heartbeat = asyncio.create_task(
+            self._heartbeat(epoch, claim), name=f"swap-heartbeat-{self._policy.name}-{epoch}"
+        )
         try:
             try:
                 async with asyncio.timeout(remaining):
-                    await self._unload_others(order)
-                    await self._unload_target_if_unwanted(order)
+                    await self._unload_others(order, claim)
+                    await self._unload_target_if_unwanted(order, claim)
                     decision = await self._step(
                         lambda s: decide_begin_load(s, epoch, self._controller), "loading"
                     )
@@ -104,12 +145,13 @@ class SwapRunner:
                         return result
                     if order.target:
                         await self._still_owner(order)
-                        await self._driver.load(order.target, epoch=epoch)
+                        async with claim.driving():
+                            await self._driver.load(order.target, epoch=epoch)
                     await self._step(lambda s: decide_commit(s, epoch, self._controller), "ready")
                     result = "completed"
             except (TimeoutError, DriverError) as exc:
                 reason = "swap_timeout" if isinstance(exc, TimeoutError) else str(exc)
-                await self._fail(order, reason)
+                await self._fail(order, reason, claim)
                 result = "failed"
         except OwnershipLost:
             log.warning("swap_ownership_lost", pool=self._policy.name, epoch=epoch)
@@ -131,12 +173,13 @@ class SwapRunner:
         if snap.epoch != order.epoch or snap.owner != self._controller:
             raise OwnershipLost
 
-    async def _unload_others(self, order: SwapOrder) -> None:
+    async def _unload_others(self, order: SwapOrder, claim: _Claim) -> None:
         others = [m for m in self._policy.members if m != order.target]
         await self._still_owner(order)
-        await asyncio.gather(*(self._driver.unload(m, epoch=order.epoch) for m in others))
+        async with claim.driving():
+            await asyncio.gather(*(self._driver.unload(m, epoch=order.epoch) for m in others))
 
-    async def _unload_target_if_unwanted(self, order: SwapOrder) -> None:
+    async def _unload_target_if_unwanted(self, order: SwapOrder, claim: _Claim) -> None:
         """About to cancel for lack of demand (still ``unloading``: this swap has not begun
         the target's load): the target may hold memory all the same (a load left over from
         a controller that lost the store, a Redis that lost its state), so unload it while
@@ -147,15 +190,16 @@ class SwapRunner:
         if not order.target or snap.forced or snap.live_waiters(order.target) > 0:
             return
         await self._still_owner(order)
-        await self._driver.unload(order.target, epoch=order.epoch)
+        async with claim.driving():
+            await self._driver.unload(order.target, epoch=order.epoch)
 
-    async def _fail(self, order: SwapOrder, reason: str) -> None:
+    async def _fail(self, order: SwapOrder, reason: str, claim: _Claim) -> None:
         log.error(PoolOutcome.SWAP_FAILED, pool=self._policy.name, target=order.target,
                   epoch=order.epoch, reason=reason)  # fmt: skip
         await self._still_owner(order)
         if order.target:
             try:
-                async with asyncio.timeout(UNLOAD_AFTER_FAILURE_TIMEOUT_S):
+                async with asyncio.timeout(UNLOAD_AFTER_FAILURE_TIMEOUT_S), claim.driving():
                     await self._driver.unload(order.target, epoch=order.epoch)
             except (TimeoutError, DriverError) as exc:
                 log.error("swap_failed_unload_failed", pool=self._policy.name,  # noqa: TRY400
@@ -165,7 +209,7 @@ class SwapRunner:
             PoolOutcome.SWAP_FAILED,
         )
 
-    async def _heartbeat(self, epoch: int, work: asyncio.Task[object] | None) -> None:
+    async def _heartbeat(self, epoch: int, claim: _Claim) -> None:
         interval = self._policy.heartbeat_ttl_ms / 3000
         while True:
             await asyncio.sleep(interval)
@@ -183,8 +227,7 @@ class SwapRunner:
                 log.warning("swap_heartbeat_failed", pool=self._policy.name, error=str(exc))
                 continue
             if lost:
-                if work is not None:
-                    work.cancel()
+                claim.lose()
                 return
 
 
