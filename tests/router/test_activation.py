@@ -97,6 +97,18 @@ async def test_busy_skip_moves_on_and_is_audited(pooled, client, audit, prefix):
     )
 
 
+async def test_a_request_served_unpooled_after_a_busy_skip_names_no_pool(pooled, client, audit):
+    """The pool asked and skipped is in the busy_skip event; the request event names the
+    unpooled backend that served it, and no pool or member."""
+    start, activation, _ = pooled
+    activation.errors["a"] = IncumbentBusy("b is serving", retry_after=2)
+    router = await start(backends=("a", "c"))
+    response = await client.post(router.url + CHAT, json=BODY)
+    assert response.headers["x-hotseat-backend"] == "c"
+    event = await audit.request_event(response.headers["x-hotseat-request-id"])
+    assert (event["backend"], event.get("pool"), event.get("member")) == ("c", None, None)
+
+
 async def test_all_busy_is_503_with_retry_after(pooled, client, audit):
     """Every backend skipped as busy: 503 pool_incumbent_busy with whole-second Retry-After."""
     start, activation, _ = pooled
@@ -109,6 +121,7 @@ async def test_all_busy_is_503_with_retry_after(pooled, client, audit):
     assert response.headers["retry-after"] == "3"
     event = await audit.request_event(response.headers["x-hotseat-request-id"])
     assert event["outcome"] == "pool_incumbent_busy"
+    assert (event["pool"], event["member"]) == ("gpu0", "b")  # the last one asked
     skips = [e for e in await audit.settled() if e["outcome"] == "busy_skip"]
     assert sorted(s["member"] for s in skips) == ["a", "b"]
 
@@ -152,6 +165,7 @@ async def test_activation_timeout_answers_at_once(pooled, client, audit):
     assert all(f.requests == [] for f in fakes)
     event = await audit.request_event(response.headers["x-hotseat-request-id"])
     assert event["outcome"] == "pool_activation_timeout"
+    assert (event["pool"], event["member"]) == ("gpu0", "a")
 
 
 async def test_swap_failed_moves_on(pooled, client):

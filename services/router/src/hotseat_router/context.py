@@ -50,11 +50,16 @@ class RequestContext:
     def routed(self, rule: str | None) -> None:
         self.rule = rule
 
+    def asks_pool(self, pool: str, member: str) -> None:
+        """A pool is asked for a member: the event names the last one asked even when no
+        backend answers (``pool_activation_timeout``, ``pool_incumbent_busy``)."""
+        self.pool, self.member = pool, member
+
     def answered_by(self, backend: Backend, status: int) -> None:
         self.backend = backend.name
         self.status = status
-        if backend.pool is not None:
-            self.pool, self.member = backend.pool.name, backend.pool.member
+        pooled = backend.pool
+        self.pool, self.member = (pooled.name, pooled.member) if pooled else (None, None)
 
     def finish_once(self) -> bool:
         """True the first time: the caller records the request's one terminal outcome."""

@@ -171,6 +171,7 @@ class Dispatcher:
         backend = attempt.backend
         assert backend.pool is not None  # noqa: S101 - only called for pooled backends
         pool, member = backend.pool.name, backend.pool.member
+        ctx.asks_pool(pool, member)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DeadlineExceeded("the request deadline passed before a backend answered")
