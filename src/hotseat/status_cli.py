@@ -17,6 +17,19 @@ def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{m}={n}" for m, n in counts.items() if n) or "-"
 
 
+def _swap(p: PoolView) -> str:
+    """The swap's target, and while it runs its step and time: ``coder (loading 3s of ~8s)``."""
+    if p.swapping is None:
+        return "-"
+    step = "unloading " + p.unloading if p.unloading else ("loading" if p.loading else "")
+    if p.swap_elapsed_s is None:
+        return p.swapping
+    progress = f"{step} {p.swap_elapsed_s:.0f}s"
+    if p.swap_expected_s is not None:
+        progress += f" of ~{p.swap_expected_s:.0f}s"
+    return f"{p.swapping} ({progress.strip()})"
+
+
 def format_pools(pools: list[PoolView]) -> str:
     header = ("POOL", "RESIDENT", "PHASE", "SWAPPING", "EPOCH", "LEASES", "WAITERS")
     rows = [
@@ -24,7 +37,7 @@ def format_pools(pools: list[PoolView]) -> str:
             p.name,
             p.resident or "-",
             p.phase,
-            p.swapping or "-",
+            _swap(p),
             str(p.epoch),
             _counts(p.leases),
             _counts(p.waiters),

@@ -8,8 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 
 from hotseat.launcher import find_binary
+from hotseat.status_cli import format_pools
+from hotseat_common.messages import PoolView
 from tests.controller.test_activation_e2e import chat, loads, started, streaming
 from tests.support.stack import Stack, pool_stack_config
 from tests.support.waiting import eventually
@@ -46,23 +49,77 @@ async def test_admin_reads_and_forced_swaps(make_stack: Make) -> None:
         await stack.wait_resident("coder")
         unload = await client.post(f"{base}/gpu0/unload", headers=auth)
         assert unload.status_code == 200, unload.text
-        await stack.wait_resident(None)  # type: ignore[arg-type]
+        await stack.wait_resident(None)
     timeline = await stack.judged_ledger()
     assert timeline[-1].event == "unloaded"
+
+
+async def test_the_pool_view_during_a_swap_says_what_is_true(make_stack: Make) -> None:
+    """While a forced swap unloads judge and then loads coder, nothing is resident: the view
+    names the member being unloaded, then the one loading, with the time the swap has run
+    and (once a swap was measured) the time it is expected to take; ``hotseat status``
+    prints that view with nothing resident."""
+    config = pool_stack_config(judge={"unloadSeconds": 2}, coder={"loadSeconds": 3})
+    stack = started(make_stack(config))
+    await stack.wait_resident("judge")
+    warm = await stack.pool()
+    assert (warm["resident"], warm["unloading"], warm["loading"]) == ("judge", None, None)
+    assert warm["swap_elapsed_s"] is None
+    assert warm["swap_remaining_s"] is None
+    async with httpx.AsyncClient(timeout=10) as client:
+        swap = await client.post(
+            f"{stack.controller_url}/v1/pools/gpu0/swap",
+            json={"member": "coder"},
+            headers={"authorization": f"Bearer {stack.admin_token}"},
+        )
+        assert swap.status_code == 200, swap.text
+
+    unloading = await eventually(lambda: _in_phase(stack, "unloading"), interval=0.02)
+    assert (unloading["resident"], unloading["unloading"], unloading["loading"]) == (
+        None,
+        "judge",
+        None,
+    )
+    assert unloading["swapping"] == "coder"
+    assert unloading["swap_elapsed_s"] >= 0
+    loading = await eventually(lambda: _in_phase(stack, "loading"), interval=0.02)
+    assert (loading["resident"], loading["unloading"], loading["loading"]) == (None, None, "coder")
+    assert loading["swap_elapsed_s"] >= unloading["swap_elapsed_s"]
+    if loading["swap_expected_s"] is not None:  # the warm-up of judge was measured
+        expected_left = loading["swap_expected_s"] - loading["swap_elapsed_s"]
+        assert loading["swap_remaining_s"] == pytest.approx(max(0.0, expected_left), abs=0.01)
+    table = format_pools([PoolView.model_validate(loading)])  # as `hotseat status` prints it
+    await stack.wait_resident("coder")
+    done = await stack.pool()
+    assert (done["resident"], done["unloading"], done["loading"]) == ("coder", None, None)
+    assert done["swap_elapsed_s"] is None
+    assert done["swap_expected_s"] is not None, "the swap just run was not measured"
+    row = table.splitlines()[1]
+    assert row.split()[:3] == ["gpu0", "-", "loading"], table  # nothing resident mid-swap
+    assert "coder (loading " in row, table
+
+
+async def _hotseat_status(url: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run,
+        [find_binary("hotseat"), "status", "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+async def _in_phase(stack: Stack, phase: str) -> dict[str, Any] | None:
+    pool = await stack.pool()
+    return pool if pool["phase"] == phase else None
 
 
 async def test_status_cli_prints_the_pools(make_stack: Make) -> None:
     """``hotseat status`` prints each pool's resident, phase and counts as a table."""
     stack = started(make_stack(pool_stack_config()))
     await stack.wait_resident("judge")
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [find_binary("hotseat"), "status", "--url", stack.controller_url],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = await _hotseat_status(stack.controller_url)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split() == [
@@ -132,7 +189,7 @@ async def test_admin_swap_respects_slots_busy_with_bypassing_traffic(make_stack:
             assert (await client.post(unload, headers=auth)).status_code == 409
             forced = await client.post(unload, json={"force": True}, headers=auth)
             assert forced.status_code == 200, forced.text
-    await stack.wait_resident(None)  # type: ignore[arg-type]
+    await stack.wait_resident(None)
     # The forced unload cut the request that bypassed the router (it held no lease): the
     # operator's explicit choice, counted apart; nothing else was cut.
     verdict = await stack.assert_invariants(excused={"bypass"})

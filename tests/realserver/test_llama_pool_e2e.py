@@ -291,7 +291,9 @@ async def test_unloading_a_member_serving_a_stream_escalates_without_hanging(
         async def unloaded() -> bool:
             state = (await client.get(f"{stack.controller_url}/v1/pools/{POOL}")).json()
             answers.append((time.time(), state))
-            return state["resident"] is None and state["swapping"] is None
+            return bool(
+                state["phase"] == "idle" and state["resident"] is None and state["swapping"] is None
+            )
 
         await eventually(unloaded, timeout=60, interval=0.05)
         elapsed = time.monotonic() - began

@@ -134,10 +134,18 @@ class Stack:
             result: dict[str, Any] = response.json()
             return result
 
-    async def wait_resident(self, member: str, pool: str = "gpu0", timeout: float = 15) -> None:
+    async def wait_resident(
+        self, member: str | None, pool: str = "gpu0", timeout: float = 15
+    ) -> None:
+        """Until ``member`` is resident (``None``: nothing) and no swap is in flight or due."""
+
         async def resident() -> bool:
             state = await self.pool(pool)
-            return state["resident"] == member and state["swapping"] is None
+            return bool(
+                state["phase"] == "idle"
+                and state["resident"] == member
+                and state["swapping"] is None
+            )
 
         await eventually(resident, timeout=timeout)
 

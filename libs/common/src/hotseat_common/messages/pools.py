@@ -10,9 +10,20 @@ class PoolView(BaseModel):
 
     name: str
     resident: str | None
+    """The member that serves: ``None`` while a swap unloads or loads (nothing serves)."""
     swapping: str | None
     """The target of a swap in flight (or pending behind a draining incumbent)."""
     phase: str
+    unloading: str | None = None
+    """The member a swap is unloading right now (phase ``unloading``)."""
+    loading: str | None = None
+    """The member a swap is loading right now (phase ``loading``)."""
+    swap_elapsed_s: float | None = None
+    """Time since the swap in flight began its unload."""
+    swap_expected_s: float | None = None
+    """The pool's measured mean swap time; ``None`` until a swap has been measured."""
+    swap_remaining_s: float | None = None
+    """Expected minus elapsed (at least 0) while a swap is in flight and measured."""
     epoch: int
     leases: dict[str, int]
     waiters: dict[str, int]

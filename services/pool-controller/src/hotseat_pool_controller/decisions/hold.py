@@ -23,10 +23,16 @@ DEFAULT_SWAP_ESTIMATE_S = 5.0
 MIN_RETRY_AFTER_S = 1.0
 
 
-def swap_estimate_s(snap: PoolSnapshot) -> float:
+def measured_swap_s(snap: PoolSnapshot) -> float | None:
+    """The pool's mean measured swap time; ``None`` before any swap was measured."""
     if not snap.swap_times:
-        return DEFAULT_SWAP_ESTIMATE_S
+        return None
     return sum(snap.swap_times) / len(snap.swap_times)
+
+
+def swap_estimate_s(snap: PoolSnapshot) -> float:
+    measured = measured_swap_s(snap)
+    return DEFAULT_SWAP_ESTIMATE_S if measured is None else measured
 
 
 def retry_after_s(snap: PoolSnapshot) -> float:

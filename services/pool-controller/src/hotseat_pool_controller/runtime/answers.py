@@ -22,6 +22,7 @@ from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.runtime.recovery import Recovery
 from hotseat_pool_controller.runtime.transitions import Transitions
 from hotseat_pool_controller.store.pool import PoolStore, Renewed
+from hotseat_pool_controller.view import pool_view
 
 log = get_logger(__name__)
 
@@ -51,7 +52,7 @@ class PoolAnswers:
         return self.policy.name
 
     async def view(self) -> PoolView:
-        return await self._store.view()
+        return pool_view(self.policy, await self._store.snapshot())
 
     async def acquire(self, request: AcquireRequest) -> Reply:
         lease_id = uuid.uuid4().hex

@@ -15,7 +15,7 @@ from enum import Enum
 import orjson
 
 from hotseat_common.keys import Keys
-from hotseat_common.messages import Granted, PoolView
+from hotseat_common.messages import Granted
 from hotseat_pool_controller.model import Decision, Phase, PoolPolicy, PoolSnapshot
 from hotseat_pool_controller.store import scripts
 from hotseat_pool_controller.store.codec import (
@@ -100,20 +100,6 @@ class PoolStore:
             self._snapshot, keys=k.all, args=[orjson.dumps(spec)], identified=True
         )
         return decode_snapshot(orjson.loads(raw))
-
-    async def view(self) -> PoolView:
-        snap = await self.snapshot()
-        return PoolView(
-            name=self.policy.name,
-            resident=snap.resident,
-            swapping=snap.target,
-            phase=snap.phase.value,
-            epoch=snap.epoch,
-            leases={m: snap.live_leases(m) for m in self.policy.members},
-            waiters={m: snap.live_waiters(m) for m in self.policy.members},
-            unhealthy=snap.unhealthy,
-            relearning=snap.relearning,
-        )
 
     # --- decisions ----------------------------------------------------------------
 

@@ -1,0 +1,38 @@
+"""What the admin API and ``hotseat status`` show of a pool: what is true right now.
+
+While a swap unloads or loads, nothing serves: the view names no resident, but the member
+being unloaded or loaded, how long the swap has run and how long it is expected to take
+(the pool's measured mean swap time; none before the first swap is measured)."""
+
+from __future__ import annotations
+
+from hotseat_common.messages import PoolView
+from hotseat_pool_controller.decisions.hold import measured_swap_s
+from hotseat_pool_controller.model import IN_FLIGHT, Phase, PoolPolicy, PoolSnapshot
+
+
+def _seconds(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def pool_view(policy: PoolPolicy, snap: PoolSnapshot) -> PoolView:
+    in_flight = snap.phase in IN_FLIGHT
+    elapsed = max(0.0, (snap.now_ms - snap.started_ms) / 1000) if in_flight else None
+    expected = measured_swap_s(snap)
+    remaining = None if elapsed is None or expected is None else max(0.0, expected - elapsed)
+    return PoolView(
+        name=policy.name,
+        resident=None if in_flight else snap.resident,
+        swapping=snap.target,
+        phase=snap.phase.value,
+        unloading=snap.from_member if snap.phase == Phase.UNLOADING else None,
+        loading=snap.target if snap.phase == Phase.LOADING else None,
+        swap_elapsed_s=_seconds(elapsed),
+        swap_expected_s=_seconds(expected),
+        swap_remaining_s=_seconds(remaining),
+        epoch=snap.epoch,
+        leases={m: snap.live_leases(m) for m in policy.members},
+        waiters={m: snap.live_waiters(m) for m in policy.members},
+        unhealthy=snap.unhealthy,
+        relearning=snap.relearning,
+    )
