@@ -133,15 +133,66 @@ async def test_other_endpoints_and_query_string(three, start_router, client):
         assert a.requests[-1].path == path
 
 
-async def test_models_lists_each_backend_once(three, start_router, client):
-    """GET /v1/models lists each backend once, by displayName, else model, else name."""
+async def test_models_lists_exactly_the_ids_that_get_the_model_they_name(
+    three, start_router, client
+):
+    """GET /v1/models lists each literal model of a rule (never a glob) and each backend id
+    (displayName, upstream model, name) routed to that backend first; an upstream model
+    name the rules send elsewhere is not listed (a client picking it would be routed by the
+    default route to another model). Every id listed is served by the backend it names."""
     router = await start_router(
         {
-            "backends": backends(three, a={"displayName": "Ay", "model": "m1"}, b={"model": "m2"}),
-            "defaultRoute": "a",
+            "backends": backends(
+                three, a={"displayName": "Ay", "model": "m1"}, b={"model": "m2"}, c={"model": "m3"}
+            ),
+            "rules": [
+                {
+                    "name": "small",
+                    "match": {"models": ["assistant", "m1"]},
+                    "route": {"backends": ["a", "b"]},
+                },
+                {
+                    "name": "globs",
+                    "match": {"models": ["gpt-*", "o?"]},
+                    "route": {"backends": ["b"]},
+                },
+            ],
+            "defaultRoute": "c",
         }
     )
     response = await client.get(router.url + "/v1/models")
     assert response.status_code == 200
-    assert [m["id"] for m in response.json()["data"]] == ["Ay", "m2", "c"]
     assert response.headers["x-hotseat-request-id"]
+    listed = {m["id"]: m for m in response.json()["data"]}
+    assert list(listed) == ["assistant", "m1", "m3", "c"]
+    assert listed["assistant"]["hotseat"] == {"rule": "small", "backends": ["a", "b"]}
+    assert listed["c"]["hotseat"] == {"rule": None, "backends": ["c"]}
+    for model, entry in listed.items():
+        served = await client.post(router.url + CHAT, json=body(model))
+        assert served.headers["x-hotseat-backend"] == entry["hotseat"]["backends"][0], model
+    # "Ay", "a", "m2", "b" are routed by the default route to c: not what they name.
+    assert (await client.post(router.url + CHAT, json=body("m2"))).headers[
+        "x-hotseat-backend"
+    ] == "c"
+
+
+async def test_one_model_by_id_and_an_unknown_one(three, start_router, client):
+    """GET /v1/models/{id} answers a listed id (ids may hold a slash) and 404
+    model_not_found for any other, in the OpenAI error body; other methods get 405."""
+    router = await start_router(
+        {
+            "backends": backends(three, a={"model": "org/m1"}),
+            "rules": [{"name": "r", "match": {"models": ["org/m1"]}, "route": {"backends": ["a"]}}],
+        }
+    )
+    one = await client.get(router.url + "/v1/models/org/m1")
+    assert one.status_code == 200
+    assert one.json()["id"] == "org/m1"
+    assert one.json()["hotseat"] == {"rule": "r", "backends": ["a"]}
+    missing = await client.get(router.url + "/v1/models/nope")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "model_not_found"
+    assert missing.headers["x-hotseat-request-id"]
+    wrong = await client.delete(router.url + "/v1/models/org/m1")
+    assert wrong.status_code == 405
+    assert wrong.headers["allow"] == "GET, HEAD"

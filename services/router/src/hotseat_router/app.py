@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
-import orjson
 from fastapi import FastAPI, Request, Response
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
@@ -41,8 +40,15 @@ from hotseat_router.asgi import Message, Receive, Scope, Send
 from hotseat_router.audit import RequestAudit
 from hotseat_router.auth import ApiKeyCheck, load_api_keys
 from hotseat_router.budget import BodyBudget
+from hotseat_router.catalog import Catalog, build_catalog
 from hotseat_router.dispatch import Dispatcher
-from hotseat_router.errors import MethodNotAllowed, Unauthorized, UnknownUrl, error_answer
+from hotseat_router.errors import (
+    MethodNotAllowed,
+    ModelNotFound,
+    Unauthorized,
+    UnknownUrl,
+    error_answer,
+)
 from hotseat_router.headers import REQUEST_ID_B, request_id_of
 from hotseat_router.health import HealthPolicy, PassiveHealth
 from hotseat_router.matching import Matcher
@@ -55,13 +61,6 @@ from hotseat_router.upstream import UpstreamClient
 log = get_logger(__name__)
 
 ActivationFactory = Callable[[RouterSettings, NatsClient, HotseatConfig], ActivationClient]
-
-
-def models_body(config: HotseatConfig) -> bytes:
-    """``GET /v1/models``: each backend once, named by its displayName, else its model."""
-    ids = dict.fromkeys(b.display_name or b.model or b.name for b in config.backends)
-    data = [{"id": i, "object": "model", "created": 0, "owned_by": "hotseat"} for i in ids]
-    return orjson.dumps({"object": "list", "data": data})
 
 
 def _bearers(config: HotseatConfig) -> dict[str, str]:
@@ -119,7 +118,8 @@ def create_app(
     metrics = RouterMetrics(registry)
     readiness = Readiness()
     auth = ApiKeyCheck(load_api_keys(settings, config.router))
-    models = models_body(config)
+    matcher = Matcher(config)
+    catalog = build_catalog(config, matcher)
     policy = config.router
 
     @asynccontextmanager
@@ -181,7 +181,7 @@ def create_app(
                 idle_timeout=policy.stream_idle_timeout,
             )
             proxy = ProxyEndpoint(
-                matcher=Matcher(config),
+                matcher=matcher,
                 dispatcher=dispatcher,
                 relay=relay,
                 auth=auth,
@@ -220,15 +220,31 @@ def create_app(
     _serve_openapi(app, router_openapi(api_keys=auth.enabled))
     app.include_router(ops_router(readiness, registry))
 
+    _mount_models(app, auth, catalog)
+    _mount_unknown_v1(app, auth)
+
+    return app
+
+
+def _mount_models(app: RouterApp, auth: ApiKeyCheck, catalog: Catalog) -> None:
+    """``GET /v1/models`` and ``GET /v1/models/{id}`` (:mod:`hotseat_router.catalog`)."""
+
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
         if not auth.allows(_header(request, b"authorization")):
             return _error_response(Unauthorized("missing or invalid API key"))
-        return Response(models, media_type="application/json")
+        return Response(catalog.listing, media_type="application/json")
 
-    _mount_unknown_v1(app, auth)
-
-    return app
+    @app.get("/v1/models/{model:path}")
+    async def get_model(request: Request, model: str) -> Response:
+        if not auth.allows(_header(request, b"authorization")):
+            return _error_response(Unauthorized("missing or invalid API key"))
+        entry = catalog.entry(model)
+        if entry is None:
+            return _error_response(
+                ModelNotFound(f"The model {model!r} does not exist: GET /v1/models lists them")
+            )
+        return Response(entry, media_type="application/json")
 
 
 def _serve_openapi(app: RouterApp, document: dict[str, Any]) -> None:
@@ -240,6 +256,7 @@ def _serve_openapi(app: RouterApp, document: dict[str, Any]) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+MODEL_PATH = "/v1/models/"
 _METHODS = {**dict.fromkeys(PROXY_PATHS, "POST"), "/v1/models": "GET, HEAD"}
 """The methods each known /v1 path answers (any other method gets 405)."""
 
@@ -257,7 +274,7 @@ def _mount_unknown_v1(app: RouterApp, auth: ApiKeyCheck) -> None:
         if not auth.allows(_header(request, b"authorization")):
             return _error_response(Unauthorized("missing or invalid API key"))
         path = request.url.path
-        allowed = _METHODS.get(path)
+        allowed = _METHODS.get(path) or ("GET, HEAD" if path.startswith(MODEL_PATH) else None)
         if allowed is not None:
             return _error_response(
                 MethodNotAllowed(f"Method {request.method} not allowed on {path}", allow=allowed)

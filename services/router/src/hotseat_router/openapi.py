@@ -102,7 +102,7 @@ def router_openapi(*, api_keys: bool) -> dict[str, Any]:
                     "security": [{"bearer": []}],
                     "responses": {
                         "200": {
-                            "description": "Each backend's model once",
+                            "description": "Exactly the ids a client can send and get that model",
                             "headers": _REQUEST_ID,
                             "content": {
                                 "application/json": {
@@ -111,6 +111,33 @@ def router_openapi(*, api_keys: bool) -> dict[str, Any]:
                             },
                         },
                         "401": _error("Missing or wrong API key"),
+                    },
+                }
+            },
+            "/v1/models/{model}": {
+                "get": {
+                    "summary": "One model a client can send",
+                    "security": [{"bearer": []}],
+                    "parameters": [
+                        {
+                            "name": "model",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "The model, the rule that routes it and its backends",
+                            "headers": _REQUEST_ID,
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/Model"}
+                                }
+                            },
+                        },
+                        "401": _error("Missing or wrong API key"),
+                        "404": _error("No model of that id (model_not_found)"),
                     },
                 }
             },
@@ -143,17 +170,22 @@ def router_openapi(*, api_keys: bool) -> dict[str, Any]:
                     "required": ["object", "data"],
                     "properties": {
                         "object": {"const": "list"},
-                        "data": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "required": ["id", "object", "owned_by"],
-                                "properties": {
-                                    "id": {"type": "string"},
-                                    "object": {"const": "model"},
-                                    "created": {"type": "integer"},
-                                    "owned_by": {"type": "string"},
-                                },
+                        "data": {"type": "array", "items": {"$ref": "#/components/schemas/Model"}},
+                    },
+                },
+                "Model": {
+                    "type": "object",
+                    "required": ["id", "object", "owned_by"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "object": {"const": "model"},
+                        "created": {"type": "integer"},
+                        "owned_by": {"type": "string"},
+                        "hotseat": {
+                            "type": "object",
+                            "properties": {
+                                "rule": {"type": ["string", "null"]},
+                                "backends": {"type": "array", "items": {"type": "string"}},
                             },
                         },
                     },
