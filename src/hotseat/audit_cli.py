@@ -22,10 +22,13 @@ from typing import Any
 import httpx
 import orjson
 
+from hotseat.stack_plan import AUDIT_PORT
+from hotseat.up_state import default_url
 from hotseat_common.durations import parse_duration
 from hotseat_common.subjects import DEFAULT_AUDIT_STREAM, DEFAULT_PREFIX, Subjects
 
-DEFAULT_URL = "http://127.0.0.1:8082"
+DEFAULT_URL = f"http://127.0.0.1:{AUDIT_PORT}"
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 HTTP_TIMEOUT = httpx.Timeout(10.0, connect=3.0)
 NATS_CONNECT_TIMEOUT = 3.0
 EXIT_OK = 0
@@ -247,8 +250,11 @@ def _window_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--until", type=_moment, help="ISO time or a duration ago (exclusive)")
     parser.add_argument(
         "--url",
-        default=os.environ.get("HOTSEAT_AUDIT_URL", DEFAULT_URL),
-        help=f"audit service (env HOTSEAT_AUDIT_URL, default {DEFAULT_URL})",
+        default=default_url("audit", "HOTSEAT_AUDIT_URL", DEFAULT_URL),
+        help=(
+            "audit service (env HOTSEAT_AUDIT_URL, else the running `hotseat up`'s, "
+            f"else {DEFAULT_URL})"
+        ),
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -276,8 +282,8 @@ def register(subparsers: Any) -> None:
 
     tail = commands.add_parser("tail", help="follow new events live from JetStream")
     tail.add_argument(
-        "--nats-url", default=os.environ.get("HOTSEAT_NATS_URL", "nats://127.0.0.1:4222"),
-        help="NATS server (env HOTSEAT_NATS_URL)",
+        "--nats-url", default=default_url("nats", "HOTSEAT_NATS_URL", DEFAULT_NATS_URL),
+        help="NATS server (env HOTSEAT_NATS_URL, else the running `hotseat up`'s)",
     )  # fmt: skip
     tail.add_argument(
         "--subject-prefix", default=os.environ.get("HOTSEAT_SUBJECT_PREFIX", DEFAULT_PREFIX),

@@ -115,6 +115,10 @@ SERVICES = (
     ("controller", "hotseat-controller", "hotseat_pool_controller.main"),
     ("router", "hotseat-router", "hotseat_router.main"),
 )
+CONTROLLER_PORT = 8090
+AUDIT_PORT = 8082
+PREFERRED_PORTS = {"controller": CONTROLLER_PORT, "audit": AUDIT_PORT}
+"""The ports ``hotseat status`` and ``hotseat audit`` look at by default; taken when free."""
 
 
 def plan_services(
@@ -123,23 +127,30 @@ def plan_services(
     *,
     available: Callable[[str], bool],
     binary: Callable[[str], bool],
+    taken: Callable[[int], bool] = port_in_use,
 ) -> tuple[list[ServicePlan], list[str]]:
-    """The services to start (installed ones only) and a note per skipped one."""
+    """The services to start (installed ones only) and a note per notes one or per
+    service that could not have its preferred port."""
     plans: list[ServicePlan] = []
-    skipped: list[str] = []
+    notes: list[str] = []
     for name, entry_point, module in SERVICES:
         if not available(module):
-            skipped.append(f"skipping {name}: {module} is not installed yet")
+            notes.append(f"skipping {name}: {module} is not installed yet")
             continue
         if not binary(entry_point):
-            skipped.append(f"skipping {name}: the {entry_point} command is not installed")
+            notes.append(f"skipping {name}: the {entry_point} command is not installed")
             continue
-        port = router_port if name == "router" else free_port()
+        port = router_port
+        if name != "router":
+            port = PREFERRED_PORTS[name]
+            if taken(port):
+                port = free_port()
+                notes.append(f"{name} on port {port} ({PREFERRED_PORTS[name]} is in use)")
         extra: tuple[str, ...] = ()
         if name == "audit":
             extra = ("--dsn", f"sqlite:///{(workdir / 'audit.db').resolve()}")
         plans.append(ServicePlan(name, entry_point, port, extra, uses_redis=name == "controller"))
-    return plans, skipped
+    return plans, notes
 
 
 def warm_members(config: HotseatConfig) -> list[tuple[str, str, str, float]]:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import httpx
 
+from hotseat.stack_plan import CONTROLLER_PORT
+from hotseat.up_state import default_url
 from hotseat_common.messages import PoolList, PoolView
 
-DEFAULT_CONTROLLER_URL = "http://127.0.0.1:8090"
+DEFAULT_CONTROLLER_URL = f"http://127.0.0.1:{CONTROLLER_PORT}"
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -67,7 +68,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = sub.add_parser("status", help="print every pool's residency, leases and waiters")
     status.add_argument(
         "--url",
-        default=os.environ.get("HOTSEAT_CONTROLLER_URL", DEFAULT_CONTROLLER_URL),
-        help="the controller's admin URL (env HOTSEAT_CONTROLLER_URL)",
+        default=default_url("controller", "HOTSEAT_CONTROLLER_URL", DEFAULT_CONTROLLER_URL),
+        help=(
+            "the controller's admin URL (env HOTSEAT_CONTROLLER_URL, else the running "
+            f"`hotseat up`'s, else {DEFAULT_CONTROLLER_URL})"
+        ),
     )
     status.set_defaults(func=cmd_status)

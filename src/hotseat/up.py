@@ -3,17 +3,20 @@
 Algorithm:
 
 1. Load and validate the config (exit 1 with every error).
-2. NATS and Redis: reuse the servers at ``HOTSEAT_NATS_URL`` / ``HOTSEAT_REDIS_URL`` when
-   they answer, else launch private ones on free ports with their data in a temp dir.
+2. NATS and Redis: reuse the servers named by ``HOTSEAT_NATS_URL`` / ``HOTSEAT_REDIS_URL``
+   when set and answering, else launch private ones on free ports with their data in a
+   temp dir (never whatever listens on the default ports).
 3. One ``hotseat-sim`` per loopback backend (:mod:`hotseat.stack_plan` decides which):
    pooled members start unloaded, unpooled backends start loaded.
 4. The services that are installed, each on its own port: ``hotseat-audit`` (SQLite in
-   the temp dir), ``hotseat-controller``, then ``hotseat-router`` on ``--port``. One not
+   the temp dir) and ``hotseat-controller`` on the ports ``hotseat audit`` and ``hotseat
+   status`` default to (8082, 8090) when free, then ``hotseat-router`` on ``--port``. One not
    installed yet is skipped with a note. Everyone gets the same NATS, Redis, subject and
    key prefixes. Without a controller, each pool's default member is loaded directly so
    that the printed examples answer.
-5. Wait until every part is ready, print ``<name> <url>`` per part and a curl and an
-   OpenAI SDK example, then stay in the foreground.
+5. Wait until every part is ready and each pool's default member is resident, print
+   ``<name> <url>`` per part and a curl and an OpenAI SDK example, record the URLs for
+   the other commands (:mod:`hotseat.up_state`), then stay in the foreground.
 6. On SIGINT or SIGTERM (or when a part dies) stop everything that was started, newest
    first, within :data:`STOP_BUDGET_S`, and exit.
 
@@ -57,6 +60,7 @@ from hotseat.stack_plan import (
     port_in_use,
     warm_members,
 )
+from hotseat.up_state import remove_state, write_state
 from hotseat_common.config import ConfigError, HotseatConfig, load_config
 from hotseat_common.keys import DEFAULT_KEY_PREFIX
 from hotseat_common.subjects import DEFAULT_AUDIT_STREAM, DEFAULT_PREFIX
@@ -65,8 +69,6 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 SIM_READY_TIMEOUT_S = 60.0
 SERVICE_READY_TIMEOUT_S = 90.0
 WARM_MARGIN_S = 30.0
@@ -181,25 +183,27 @@ def _signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _env_url(name: str, default: str) -> str:
-    return os.environ.get(name) or default
-
-
 def _start_infra(stack: Stack, workdir: Path) -> tuple[str, str]:
-    """NATS and Redis URLs, reused when they answer, else launched privately."""
-    nats_url = _env_url("HOTSEAT_NATS_URL", DEFAULT_NATS_URL)
-    if nats_reachable(nats_url):
-        stack.say(f"hotseat up: reusing NATS at {nats_url}")
+    """NATS and Redis: the ones named by ``HOTSEAT_NATS_URL`` / ``HOTSEAT_REDIS_URL`` when
+    set and answering, else private ones. Servers that merely listen on the default ports
+    are never used unasked: their state would mix with this stack's."""
+    nats_url = os.environ.get("HOTSEAT_NATS_URL")
+    if nats_url and nats_reachable(nats_url):
+        stack.say(f"hotseat up: reusing NATS at {nats_url} (HOTSEAT_NATS_URL)")
     else:
+        if nats_url:
+            stack.say(f"hotseat up: HOTSEAT_NATS_URL {nats_url} does not answer; launching NATS")
         nats = start_nats(workdir / "nats")
         stack.add(Tier("nats", [nats], stop_cap_s=3))
         nats_url = nats.url
     stack.part("nats", nats_url)
     stack.check_stop()
-    redis_url = _env_url("HOTSEAT_REDIS_URL", DEFAULT_REDIS_URL)
-    if redis_reachable(redis_url):
-        stack.say(f"hotseat up: reusing Redis at {redis_url}")
+    redis_url = os.environ.get("HOTSEAT_REDIS_URL")
+    if redis_url and redis_reachable(redis_url):
+        stack.say(f"hotseat up: reusing Redis at {redis_url} (HOTSEAT_REDIS_URL)")
     else:
+        if redis_url:
+            stack.say(f"hotseat up: HOTSEAT_REDIS_URL {redis_url} does not answer; launching Redis")
         redis = start_redis(workdir / "redis")
         stack.add(Tier("redis", [redis], stop_cap_s=3))
         redis_url = redis.url
@@ -292,6 +296,29 @@ def _warm(stack: Stack, config: HotseatConfig, sims: Sequence[SimPlan]) -> None:
             _wait_healthy(stack, client, sim.url, load_s + WARM_MARGIN_S)
 
 
+def _wait_warm(stack: Stack, config: HotseatConfig, controller_url: str) -> None:
+    """Until the controller has made each sim pool's default (or first) member resident,
+    so that the first request after "ready" is not held for a load."""
+    with httpx.Client(timeout=PROBE) as client:
+        for pool, member, _backend, load_s in warm_members(config):
+            stack.say(f"hotseat up: waiting for {pool}/{member} to load")
+            deadline = time.monotonic() + load_s + WARM_MARGIN_S
+            while not _resident(client, f"{controller_url}/v1/pools/{pool}", member):
+                stack.check_stop()
+                if time.monotonic() > deadline:
+                    raise LaunchError(
+                        f"{pool}/{member} not resident after {load_s + WARM_MARGIN_S:.0f}s"
+                    )
+                time.sleep(0.05)
+
+
+def _resident(client: httpx.Client, url: str, member: str) -> bool:
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        view = client.get(url).json()
+        return bool(view.get("phase") == "idle" and view.get("resident") == member)
+    return False
+
+
 def _wait_healthy(stack: Stack, client: httpx.Client, url: str, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -347,15 +374,17 @@ def _start(stack: Stack, ask: Request) -> None:
     _start_services(stack, [by_name[n] for n in ("router",) if n in by_name], shared)
     if "controller" not in by_name:
         _warm(stack, ask.config, sims)
+    else:
+        _wait_warm(stack, ask.config, by_name["controller"].url)
     router = by_name.get("router")
     target, note = examples(ask.config, sims, router.url if router else None, python=sys.executable)
-    _announce(stack, target, note, logs)
+    _announce(stack, target, note, logs, write_state(dict(stack.lines), logs))
 
 
 ORDER = ("router", "controller", "audit", "nats", "redis")
 
 
-def _announce(stack: Stack, target: str, note: str | None, logs: Path) -> None:
+def _announce(stack: Stack, target: str, note: str | None, logs: Path, state: Path) -> None:
     """``<name> <url>`` per part (the five named parts first, then the sims), examples."""
     rank = {name: i for i, name in enumerate(ORDER)}
     lines = sorted(stack.lines, key=lambda line: (rank.get(line[0], len(ORDER)), line[0]))
@@ -368,6 +397,7 @@ def _announce(stack: Stack, target: str, note: str | None, logs: Path) -> None:
     if note:
         stack.say(note)
     stack.say(f"hotseat up: logs in {logs}")
+    stack.say(f"hotseat up: URLs recorded in {state} (hotseat status and audit read it)")
     stack.say("hotseat up: ready; Ctrl-C (SIGINT) or SIGTERM stops everything")
 
 
@@ -421,6 +451,7 @@ def run_up(
         finally:
             stack.say("hotseat up: stopping")
             started = time.monotonic()
+            remove_state()
             stack.stop()
             stack.say(f"hotseat up: stopped in {time.monotonic() - started:.1f}s")
     return status

@@ -12,8 +12,8 @@ Conventions of the page, which this test enforces:
 - ``<controller>`` and ``<audit>`` stand for the URLs ``make run`` printed for those parts,
   as the page tells the reader.
 
-The stack uses the ports the page shows (router 8080, sims 9101 and 9102), and NATS and
-Redis as ``make run`` finds them; its subject, key and stream names get a unique prefix
+The stack uses the ports the page shows (router 8080, sims 9101 and 9102) and the private
+NATS and Redis ``make run`` starts; its subject, key and stream names get a unique prefix
 through the environment so that it cannot meet another stack.
 """
 
@@ -167,7 +167,10 @@ def test_getting_started_commands_work_as_written(tmp_path: Path):
         "HOTSEAT_KEY_PREFIX": prefix,
         "HOTSEAT_AUDIT_STREAM": f"AUDIT_{prefix}",
         "TMPDIR": str(tmp_path),
+        "HOTSEAT_STATE_DIR": str(tmp_path / "state"),
     }
+    for name in ("HOTSEAT_CONTROLLER_URL", "HOTSEAT_AUDIT_URL"):
+        env.pop(name, None)
     steps = commands(PAGE.read_text(encoding="utf-8"))
     stack: Stack | None = None
     ran: list[str] = []

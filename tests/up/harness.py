@@ -23,8 +23,9 @@ PART = re.compile(r"^(\S+)\s+((?:https?|nats|redis)://\S+)$")
 READY = "hotseat up: ready"
 
 
-def write_config(path: Path, ports: Mapping[str, int]) -> Path:
-    """A small stack: pool gpu0 with members a (default) and b, plus unpooled embed."""
+def write_config(path: Path, ports: Mapping[str, int], *, load_a_s: float = 0.1) -> Path:
+    """A small stack: pool gpu0 with members a (default, loading in ``load_a_s``) and b,
+    plus unpooled embed."""
     path.write_text(
         yaml.safe_dump(
             {
@@ -49,7 +50,7 @@ def write_config(path: Path, ports: Mapping[str, int]) -> Path:
                         "members": [
                             {
                                 "name": "a",
-                                "sim": {"loadSeconds": 0.1, "unloadSeconds": 0.05,
+                                "sim": {"loadSeconds": load_a_s, "unloadSeconds": 0.05,
                                         "memoryGiB": 6, "tokensPerSecond": 400},
                             },
                             {

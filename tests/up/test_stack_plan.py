@@ -5,7 +5,9 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from hotseat.audit_cli import DEFAULT_URL as DEFAULT_AUDIT_URL
 from hotseat.stack_plan import example_model, examples, plan_services, plan_sims, warm_members
+from hotseat.status_cli import DEFAULT_CONTROLLER_URL
 from hotseat_common.config import parse_config
 
 
@@ -57,18 +59,40 @@ def test_sims_for_local_plain_http_backends_only() -> None:
 def test_services_skip_what_is_not_installed(tmp_path: Path) -> None:
     """Only installed services are planned; the router takes --port, audit gets SQLite."""
     plans, skipped = plan_services(
-        8181, tmp_path, available=lambda module: "router" not in module, binary=lambda _: True
+        8181,
+        tmp_path,
+        available=lambda module: "router" not in module,
+        binary=lambda _: True,
+        taken=lambda _: False,
     )
     assert [p.name for p in plans] == ["audit", "controller"]
     assert skipped == ["skipping router: hotseat_router.main is not installed yet"]
     audit, controller = plans
     assert audit.extra_args == ("--dsn", f"sqlite:///{tmp_path.resolve() / 'audit.db'}")
     assert controller.uses_redis
-    plans, _ = plan_services(8181, tmp_path, available=lambda _: True, binary=lambda _: True)
-    assert next(p for p in plans if p.name == "router").port == 8181
+    plans, _ = plan_services(
+        8181, tmp_path, available=lambda _: True, binary=lambda _: True, taken=lambda _: False
+    )
+    assert {p.name: p.port for p in plans} == {"audit": 8082, "controller": 8090, "router": 8181}
     plans, skipped = plan_services(8181, tmp_path, available=lambda _: True, binary=lambda _: False)
     assert plans == []
     assert len(skipped) == 3
+
+
+def test_controller_and_audit_take_the_ports_the_commands_default_to_when_free(
+    tmp_path: Path,
+) -> None:
+    """The controller on 8090 (``hotseat status``'s default) and audit on 8082 (``hotseat
+    audit``'s); a port in use moves the service to a free one, with a note."""
+    plans, notes = plan_services(
+        8181, tmp_path, available=lambda _: True, binary=lambda _: True, taken=lambda p: p == 8090
+    )
+    ports = {p.name: p.port for p in plans}
+    assert ports["audit"] == 8082
+    assert ports["controller"] not in {8090, 8082, 8181}
+    assert notes == [f"controller on port {ports['controller']} (8090 is in use)"]
+    assert DEFAULT_CONTROLLER_URL.endswith(":8090")
+    assert DEFAULT_AUDIT_URL.endswith(":8082")
 
 
 def test_warm_members_are_sim_pool_defaults() -> None:

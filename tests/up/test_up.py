@@ -3,9 +3,14 @@ answer, and SIGINT or SIGTERM stops every process it started within 30 s."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,6 +33,14 @@ def stack_env(prefix: str, nats_url: str, redis_url: str) -> dict[str, str]:
     return {
         "HOTSEAT_NATS_URL": nats_url,
         "HOTSEAT_REDIS_URL": redis_url,
+        **own_names(prefix),
+    }
+
+
+def own_names(prefix: str) -> dict[str, str]:
+    """Names no other test shares, and a state directory of the test's own."""
+    return {
+        "HOTSEAT_STATE_DIR": str(Path(tempfile.mkdtemp(prefix=f"{prefix}-state-"))),
         "HOTSEAT_SUBJECT_PREFIX": prefix,
         "HOTSEAT_KEY_PREFIX": prefix,
         "HOTSEAT_AUDIT_STREAM": f"{prefix}_AUDIT",
@@ -171,6 +184,86 @@ def test_up_without_services_targets_a_sim_directly(
         up.kill_tree(children)
     assert code == 0, up.output
     assert left == [], up.output
+
+
+def test_up_uses_only_the_servers_it_is_given_and_tells_the_other_commands(
+    tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no HOTSEAT_NATS_URL / HOTSEAT_REDIS_URL, up launches private NATS and Redis
+    even where servers answer on the default ports (their state would mix with this
+    stack's); "ready" comes only once the pool's default member is resident (a 3 s load);
+    ``hotseat status`` and ``hotseat audit`` find the controller and audit through the
+    recorded URLs, with no flag; the record is gone after the stop."""
+    for name in ("HOTSEAT_NATS_URL", "HOTSEAT_REDIS_URL", "HOTSEAT_CONTROLLER_URL",
+                 "HOTSEAT_AUDIT_URL"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    config = write_config(tmp_path / "hotseat.yaml", sim_ports(), load_a_s=8)
+    env = own_names(prefix)
+    children: set[int] = set()
+    state = Path(env["HOTSEAT_STATE_DIR"]) / "up.json"
+    # The commands' default ports taken (by these sockets, or already by someone else): the
+    # commands can find the controller and audit only through what up records.
+    with _held(8090), _held(8082):
+        up = Up.start(
+            [find_binary("hotseat"), "up", "--config", str(config), "--port", str(free_port())],
+            env,
+        )
+        try:
+            parts = up.wait_ready()
+        except BaseException:
+            up.kill_tree()
+            raise
+    try:
+        children = descendants(up.popen.pid)
+        assert "reusing" not in up.output
+        assert not parts["nats"].endswith(":4222"), "attached to a NATS it was not given"
+        assert ":6379" not in parts["redis"], "attached to a Redis it was not given"
+        assert any(_runs(pid, b"nats-server") for pid in children), "no private NATS"
+        assert any(_runs(pid, b"redis-server") for pid in children), "no private Redis"
+        assert state.is_file()
+        if "controller" in parts:
+            assert not parts["controller"].endswith(":8090"), up.output
+            pool = httpx.get(f"{parts['controller']}/v1/pools/gpu0", timeout=5).json()
+            assert (pool["phase"], pool["resident"]) == ("idle", "a"), up.output
+            status = _hotseat("status", env=env)
+            assert status.returncode == 0, status.stderr
+            assert status.stdout.splitlines()[1].split()[:3] == ["gpu0", "a", "idle"]
+        if "audit" in parts:
+            audit = _hotseat("audit", "query", "--limit", "1", env=env)
+            assert audit.returncode == 0, audit.stderr
+        code, _ = up.signal_and_wait(signal.SIGTERM)
+    finally:
+        up.kill_tree(children)
+    assert code == 0, up.output
+    assert not state.exists(), "the record of a stopped stack was left behind"
+
+
+def _hotseat(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [find_binary("hotseat"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **env},
+    )
+
+
+@contextlib.contextmanager
+def _held(port: int) -> Iterator[None]:
+    """Listen on ``port`` for the block, if it is free (else someone else holds it)."""
+    with socket.socket() as sock:
+        with contextlib.suppress(OSError):
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        yield
+
+
+def _runs(pid: int, binary: bytes) -> bool:
+    try:
+        return binary in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def test_up_rejects_an_invalid_config(tmp_path: Path) -> None:
