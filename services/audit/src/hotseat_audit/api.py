@@ -2,7 +2,10 @@
 
 Errors have one body shape, ``{"error": {"code", "message", "fields"?}}``: 422 for a
 parameter that does not validate (every bad field listed), 400 for a cursor that is not
-valid for the filters it came with, 503 when the store cannot answer.
+valid for the filters it came with (or was not signed with this deployment's cursor
+key), 503 when the store cannot answer. Every value a store would refuse (a date-time
+outside years 1..9999 once in UTC, an id beyond 64 bits, NUL in text) is refused here
+first, the same on both stores.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator
 
 from hotseat_audit.query import (
+    EARLIEST,
     KINDS,
     OUTCOMES,
     Cursor,
     EventFilter,
     InvalidCursor,
+    OutOfRange,
     Summary,
     as_utc,
 )
@@ -30,6 +35,8 @@ from hotseat_audit.store.base import MAX_PAGE
 from hotseat_common.errors import ErrorCode
 
 DEFAULT_PAGE = 100
+MAX_ID = 2**63 - 1
+"""The largest dead-letter id either store can hold (a signed 64-bit integer)."""
 DEFAULT_SUMMARY_WINDOW = timedelta(hours=24)
 
 
@@ -194,9 +201,18 @@ class DeadLettersPage(BaseModel):
     """Pass as ``before`` for older dead letters; null on the last page."""
 
 
+def _utc(name: str, moment: datetime | None) -> datetime | None:
+    if moment is None:
+        return None
+    try:
+        return as_utc(moment)
+    except OutOfRange as exc:
+        raise invalid([{"field": name, "message": str(exc)}]) from exc
+
+
 def _window(since: datetime | None, until: datetime | None) -> tuple[datetime | None, ...]:
-    since_utc = as_utc(since) if since is not None else None
-    until_utc = as_utc(until) if until is not None else None
+    since_utc = _utc("since", since)
+    until_utc = _utc("until", until)
     if since_utc is not None and until_utc is not None and since_utc >= until_utc:
         raise invalid([{"field": "until", "message": "must be later than since"}])
     return since_utc, until_utc
@@ -217,7 +233,8 @@ def _check_text(filters: dict[str, list[str] | None]) -> None:
             raise invalid([{"field": name, "message": "must not contain NUL (\\x00)"}])
 
 
-def build_router() -> APIRouter:
+def build_router(cursor_key: bytes) -> APIRouter:
+    """The query routes; ``cursor_key`` signs and checks the events cursors."""
     api = APIRouter(prefix="/v1")
 
     @api.get(
@@ -266,12 +283,13 @@ def build_router() -> APIRouter:
         after = None
         if cursor:  # an empty cursor is the first page
             try:
-                after = Cursor.decode(cursor, filters)
+                after = Cursor.decode(cursor, filters, cursor_key)
             except InvalidCursor as exc:
                 raise ApiError(400, ErrorCode.INVALID_CURSOR, str(exc)) from exc
         events = await store.events(filters, limit=limit + 1, after=after)
         page, more = events[:limit], len(events) > limit
-        next_cursor = Cursor(page[-1].time, page[-1].id).encode(filters) if more else None
+        last = page[-1] if more else None
+        next_cursor = Cursor(last.time, last.id).encode(filters, cursor_key) if last else None
         return EventsPage(
             events=[e.model_dump(mode="json", exclude_none=True) for e in page],
             next=next_cursor,
@@ -283,7 +301,7 @@ def build_router() -> APIRouter:
         the last 24 hours)."""
         since_utc, until_utc = _window(since, until)
         end = until_utc or datetime.now(UTC)
-        start = since_utc or end - DEFAULT_SUMMARY_WINDOW
+        start = since_utc or end - min(DEFAULT_SUMMARY_WINDOW, end - EARLIEST)
         if start >= end:
             raise invalid([{"field": "since", "message": "must be earlier than until"}])
         return SummaryBody.of(await store.summary(start, end))
@@ -292,7 +310,7 @@ def build_router() -> APIRouter:
     async def dead_letters(
         store: StoreDep,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
-        before: Annotated[int | None, Query(ge=1)] = None,
+        before: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     ) -> DeadLettersPage:
         """Messages that were not valid events, newest first, with the reason."""
         rows = await store.dead_letters(limit=limit + 1, before=before)

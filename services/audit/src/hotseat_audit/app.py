@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import signal
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -79,6 +80,19 @@ class Supervisor:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         return False
+
+
+def cursor_key(settings: AuditSettings) -> bytes:
+    """The configured cursor key, or a random one for this process (logged: its cursors
+    stop working at a restart and on every other replica)."""
+    if settings.cursor_key is not None:
+        return settings.cursor_key.get_secret_value().encode()
+    log.warning(
+        "audit_cursor_key_generated",
+        detail="HOTSEAT_AUDIT_CURSOR_KEY is not set: pagination cursors are signed with a "
+        "random key and will not survive a restart or work across replicas",
+    )
+    return secrets.token_bytes(32)
 
 
 def create_app(settings: AuditSettings) -> tuple[FastAPI, Supervisor]:
@@ -154,5 +168,5 @@ def create_app(settings: AuditSettings) -> tuple[FastAPI, Supervisor]:
     )
     install_error_handlers(app)
     app.include_router(ops_router(readiness, registry))
-    app.include_router(build_router())
+    app.include_router(build_router(cursor_key(settings)))
     return app, supervisor

@@ -4,6 +4,11 @@ Pages are ordered newest first by ``(time, id)``. A cursor is the position of th
 event of a page plus a fingerprint of the filters it was made for, encoded as opaque
 URL-safe text; a cursor presented with other filters is refused rather than silently
 paging through a different result set.
+
+A cursor is signed: ``<payload>.<mac>``, both base64url, the MAC an HMAC-SHA256 over the
+payload with the deployment's cursor key. A cursor that was edited, made up, or signed
+with another key is refused before anything in it is read, so a client can only send
+back a position the service itself handed out.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -29,17 +35,34 @@ KINDS = frozenset({"request", "pool"})
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MICROSECOND = timedelta(microseconds=1)
+EARLIEST = datetime.min.replace(tzinfo=UTC)
+LATEST = datetime.max.replace(tzinfo=UTC)
+
+CURSOR_MAC_CONTEXT = b"hotseat-audit-cursor-v1\x00"
+"""Prefixed to the payload before it is signed, so a MAC made with the cursor key for
+anything else never passes as a cursor's."""
+NOT_VALID = "cursor is not valid: pass the `next` value of a page"
 
 
 class InvalidCursor(ValueError):
     """The cursor is not one this service issued for these filters."""
 
 
+class OutOfRange(ValueError):
+    """A date-time whose UTC equivalent is before year 1 or after year 9999."""
+
+
 def as_utc(moment: datetime) -> datetime:
-    """Read a naive timestamp as UTC; convert an aware one to UTC."""
+    """Read a naive timestamp as UTC; convert an aware one to UTC.
+
+    Raises :class:`OutOfRange` when the UTC time cannot be represented (such as
+    ``0001-01-01T00:00:00+14:00``)."""
     if moment.tzinfo is None:
         return moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError as exc:
+        raise OutOfRange("is outside 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59.999999Z") from exc
 
 
 def to_micros(moment: datetime) -> int:
@@ -48,6 +71,23 @@ def to_micros(moment: datetime) -> int:
 
 def from_micros(micros: int) -> datetime:
     return EPOCH + timedelta(microseconds=micros)
+
+
+MIN_MICROS = to_micros(EARLIEST)
+MAX_MICROS = to_micros(LATEST)
+
+
+def _b64encode(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _b64decode(text: str) -> bytes:
+    """Strict base64url: a character outside the alphabet is an error, not skipped."""
+    return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
+
+
+def cursor_mac(key: bytes, payload: bytes) -> bytes:
+    return hmac.new(key, CURSOR_MAC_CONTEXT + payload, hashlib.sha256).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,20 +127,39 @@ class Cursor:
     time: datetime
     id: str
 
-    def encode(self, filters: EventFilter) -> str:
+    def encode(self, filters: EventFilter, key: bytes) -> str:
+        """The signed cursor text: ``<payload>.<mac>``, URL-safe."""
         raw = orjson.dumps({"t": to_micros(self.time), "i": self.id, "f": filters.fingerprint()})
-        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        return f"{_b64encode(raw)}.{_b64encode(cursor_mac(key, raw))}"
 
     @classmethod
-    def decode(cls, text: str, filters: EventFilter) -> Cursor:
+    def decode(cls, text: str, filters: EventFilter, key: bytes) -> Cursor:
+        """The position in ``text``, if this deployment signed it for ``filters``.
+
+        The MAC is checked (in constant time) before the payload is parsed; the payload
+        is still checked for shape and range, so a cursor is never trusted further than
+        a value the service could have written."""
+        payload_text, dot, mac_text = text.partition(".")
         try:
-            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+            if not dot:
+                raise InvalidCursor(NOT_VALID)
+            raw, mac = _b64decode(payload_text), _b64decode(mac_text)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidCursor(NOT_VALID) from exc
+        if not hmac.compare_digest(mac, cursor_mac(key, raw)):
+            raise InvalidCursor(NOT_VALID)
+        try:
             data = orjson.loads(raw)
             micros, event_id, fingerprint = data["t"], data["i"], data["f"]
-        except (binascii.Error, ValueError, TypeError, KeyError) as exc:
-            raise InvalidCursor("cursor is not valid: pass the `next` value of a page") from exc
-        if not (isinstance(micros, int) and isinstance(event_id, str)):
-            raise InvalidCursor("cursor is not valid: pass the `next` value of a page")
+        except (ValueError, TypeError, KeyError) as exc:
+            raise InvalidCursor(NOT_VALID) from exc
+        if not (
+            type(micros) is int
+            and MIN_MICROS <= micros <= MAX_MICROS
+            and isinstance(event_id, str)
+            and "\x00" not in event_id
+        ):
+            raise InvalidCursor(NOT_VALID)
         if fingerprint != filters.fingerprint():
             raise InvalidCursor("cursor was issued for different filters: repeat the same filters")
         return cls(time=from_micros(micros), id=event_id)

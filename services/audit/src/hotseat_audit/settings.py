@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from hotseat_common.audit_stream import AuditStreamSpec
 from hotseat_common.settings import ServiceSettings, SettingDuration
@@ -19,6 +19,8 @@ from hotseat_common.subjects import AUDIT_DURABLE, Subjects
 DEFAULT_DSN = "sqlite:///./.hotseat/audit.db"
 DEFAULT_PORT = 8082
 DAY = 24 * 3600.0
+MIN_CURSOR_KEY = 16
+"""Characters a configured cursor key must have at least."""
 
 
 def _audit(default: Any, description: str, name: str, **constraints: Any) -> Any:
@@ -65,6 +67,21 @@ class AuditSettings(ServiceSettings):
     ack_wait: SettingDuration = _audit(
         30.0, "Redeliver a message not acknowledged within this time", "ack_wait", gt=0
     )
+    cursor_key: SecretStr | None = _audit(
+        None,
+        "Key that signs pagination cursors; the same on every replica (unset: a random key "
+        "per process, so cursors do not survive a restart)",
+        "cursor_key",
+    )
+
+    @field_validator("cursor_key")
+    @classmethod
+    def _cursor_key_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None  # empty is unset, as an empty variable in a compose file gives
+        if len(value.get_secret_value()) < MIN_CURSOR_KEY:
+            raise ValueError(f"cursor_key must have at least {MIN_CURSOR_KEY} characters")
+        return value
 
     @model_validator(mode="after")
     def _window_fits_age(self) -> AuditSettings:
