@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,7 +17,7 @@ import nats
 import orjson
 import pytest
 
-from hotseat.launcher import Managed, free_port, start_service
+from hotseat.launcher import Managed, find_binary, free_port, start_service
 from hotseat_audit.query import Cursor, EventFilter
 from hotseat_common.audit_stream import AuditStreamSpec, ensure_audit_stream
 from hotseat_common.subjects import AUDIT_DURABLE, Subjects
@@ -273,6 +275,28 @@ async def test_a_generated_cursor_key_is_logged(deployment: Deployment) -> None:
         assert "audit_started" in events
         assert "audit_cursor_key_generated" not in events
         assert CURSOR_KEY not in proc.log_text()
+
+
+def test_a_short_cursor_key_is_refused_without_showing_it(tmp_path: Path) -> None:
+    """A key under 16 characters stops the service at start-up (exit 2) with the rule,
+    and the message never quotes the key."""
+    short = "short-key-77a1"
+    result = subprocess.run(
+        [
+            find_binary("hotseat-audit"),
+            "--cursor-key",
+            short,
+            "--dsn",
+            f"sqlite:///{tmp_path}/a.db",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "cursor_key must have at least 16 characters" in result.stderr
+    assert short not in result.stdout + result.stderr
 
 
 HOSTILE: list[tuple[str, str]] = [

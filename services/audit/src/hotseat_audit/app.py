@@ -85,8 +85,9 @@ class Supervisor:
 def cursor_key(settings: AuditSettings) -> bytes:
     """The configured cursor key, or a random one for this process (logged: its cursors
     stop working at a restart and on every other replica)."""
-    if settings.cursor_key is not None:
-        return settings.cursor_key.get_secret_value().encode()
+    configured = settings.cursor_key_bytes()
+    if configured is not None:
+        return configured
     log.warning(
         "audit_cursor_key_generated",
         detail="HOTSEAT_AUDIT_CURSOR_KEY is not set: pagination cursors are signed with a "

@@ -29,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             description="Store every Hotseat audit event once and serve queries over them.",
         )
         parse_dsn(settings.dsn)
+        settings.cursor_key_bytes()
     except (ValidationError, ValueError) as exc:
         print(f"hotseat-audit: invalid settings: {exc}", file=sys.stderr)  # noqa: T201
         sys.exit(EXIT_USAGE)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from hotseat_common.audit_stream import AuditStreamSpec
 from hotseat_common.settings import ServiceSettings, SettingDuration
@@ -74,20 +74,24 @@ class AuditSettings(ServiceSettings):
         "cursor_key",
     )
 
-    @field_validator("cursor_key")
-    @classmethod
-    def _cursor_key_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is None or not value.get_secret_value():
-            return None  # empty is unset, as an empty variable in a compose file gives
-        if len(value.get_secret_value()) < MIN_CURSOR_KEY:
-            raise ValueError(f"cursor_key must have at least {MIN_CURSOR_KEY} characters")
-        return value
-
     @model_validator(mode="after")
     def _window_fits_age(self) -> AuditSettings:
         if self.duplicate_window > self.stream_max_age:
             raise ValueError("duplicate_window must not exceed stream_max_age")
         return self
+
+    def cursor_key_bytes(self) -> bytes | None:
+        """The configured cursor key, or None when unset or empty (as an empty variable in
+        a compose file gives).
+
+        Checked here rather than by a field validator: pydantic's errors quote the input,
+        and this one must never show the key."""
+        if self.cursor_key is None or not self.cursor_key.get_secret_value():
+            return None
+        key = self.cursor_key.get_secret_value()
+        if len(key) < MIN_CURSOR_KEY:
+            raise ValueError(f"cursor_key must have at least {MIN_CURSOR_KEY} characters")
+        return key.encode()
 
     @property
     def subjects(self) -> Subjects:
