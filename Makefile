@@ -6,7 +6,7 @@ MEMBERS := -e libs/common -e services/router -e services/pool-controller -e serv
 PYPROJECTS := pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps run test test-fault soak check lint typecheck bench clean
+.PHONY: install system-deps run test test-fault fuzz soak check lint typecheck bench clean
 
 $(BIN)/.installed: $(PYPROJECTS)
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ test: install system-deps
 ## Only the fault-injection tests (tests/fault, marker fault); docs/reliability.md lists them.
 test-fault: install system-deps
 	$(BIN)/python -m pytest -m fault $(PYTEST_ARGS)
+
+## The router fuzz run (tests/security/test_fuzz.py) for FUZZ_SECONDS (default 30 minutes).
+FUZZ_SECONDS ?= 1800
+fuzz: install
+	HOTSEAT_FUZZ_SECONDS=$(FUZZ_SECONDS) $(BIN)/python -m pytest tests/security/test_fuzz.py -s -p no:randomly $(PYTEST_ARGS)
 
 ## Chaos soak: a fleet under traffic while its processes are killed (SOAK_ARGS=--ci: 1 min).
 soak: install

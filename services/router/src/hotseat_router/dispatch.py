@@ -66,7 +66,8 @@ class Outbound:
     model_slot: ModelSlot | None
     """Where ``model`` lies in ``body``, found before the walk when a backend of the
     route renames it."""
-    headers: list[tuple[bytes, bytes]]
+    headers: list[tuple[str, str]]
+    """The client's end-to-end headers (:func:`~hotseat_router.headers.end_to_end_headers`)."""
     sensitive: bool
 
 

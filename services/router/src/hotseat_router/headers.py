@@ -59,20 +59,23 @@ def _connection_listed(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[byte
     return frozenset(listed)
 
 
-def upstream_request_headers(
-    client_headers: list[tuple[bytes, bytes]],
-    *,
-    request_id: str,
-    bearer: str | None,
-) -> list[tuple[str, str]]:
-    """What the upstream receives: the client's end-to-end headers and our request id."""
+def end_to_end_headers(client_headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """The client's headers an upstream gets, as text the upstream client writes back to
+    the very bytes the client sent (it writes UTF-8). Raises ``UnicodeDecodeError`` for
+    a value that is not UTF-8 (obs-text bytes), which could not be forwarded exactly."""
     listed = _connection_listed(client_headers)
-    out = [
-        (name.decode("latin-1"), value.decode("latin-1"))
+    return [
+        (name.decode("ascii"), value.decode("utf-8"))
         for name, value in client_headers
         if name not in _NOT_FORWARDED and name not in listed
     ]
-    out.append((REQUEST_ID, request_id))
+
+
+def upstream_request_headers(
+    end_to_end: list[tuple[str, str]], *, request_id: str, bearer: str | None
+) -> list[tuple[str, str]]:
+    """What the upstream receives: the client's end-to-end headers and our request id."""
+    out = [*end_to_end, (REQUEST_ID, request_id)]
     if bearer:
         out.append(("authorization", f"Bearer {bearer}"))
     return out

@@ -9,7 +9,9 @@ rewrites the model. Every request ends in exactly one terminal audit event.
 from __future__ import annotations
 
 import asyncio
+import string
 from typing import NamedTuple
+from urllib.parse import quote
 
 from hotseat_common.errors import HotseatError
 from hotseat_common.logging import get_logger
@@ -30,7 +32,7 @@ from hotseat_router.errors import (
     error_answer,
     spec_for,
 )
-from hotseat_router.headers import REQUEST_ID_B, request_id_of
+from hotseat_router.headers import REQUEST_ID_B, end_to_end_headers, request_id_of
 from hotseat_router.matching import Matcher, Route
 from hotseat_router.rewrite import locate_model
 from hotseat_router.streaming import Relay
@@ -38,6 +40,9 @@ from hotseat_router.streaming import Relay
 log = get_logger(__name__)
 
 PROXY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+_QUERY_AS_IS = string.punctuation
+"""A query string goes upstream byte for byte, percent escapes and all; only a byte that
+may not stand in a URL as it is (not printable ASCII) is written as its escape."""
 
 
 class ProxyEndpoint:
@@ -140,6 +145,11 @@ class ProxyEndpoint:
         request that cannot be forwarded exactly is refused before any lease."""
         if not self._auth.allows(creds.authorization):
             raise Unauthorized("missing or invalid API key")
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        try:
+            forwarded = end_to_end_headers(headers)
+        except UnicodeDecodeError:
+            raise InvalidRequest("a request header value is not UTF-8") from None
         body = await read_body(
             receive,
             content_length=_length(creds.content_length),
@@ -149,7 +159,6 @@ class ProxyEndpoint:
         )
         fields = parse_body(body, max_depth=self._max_depth)
         ctx.asked_for(fields.model)
-        headers: list[tuple[bytes, bytes]] = scope["headers"]
         header_map = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers}
         route = self._matcher.route(fields.model, header_map)
         if route is None:
@@ -158,14 +167,14 @@ class ProxyEndpoint:
         classification = self._matcher.classification(header_map)
         path: str = scope["path"]
         if scope["query_string"]:
-            path += "?" + scope["query_string"].decode("latin-1")
+            path += "?" + quote(scope["query_string"], safe=_QUERY_AS_IS)
         renamed = any(b.model is not None and b.model != fields.model for b in route.backends)
         return route, Outbound(
             path=path,
             body=body,
             fields=fields,
             model_slot=locate_model(body) if renamed else None,
-            headers=headers,
+            headers=forwarded,
             sensitive=classification is not None and classification in self._sensitive,
         )
 

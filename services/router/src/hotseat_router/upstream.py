@@ -9,6 +9,7 @@ Every aiohttp exception is translated here, at this one boundary, into
 from __future__ import annotations
 
 import aiohttp
+from yarl import URL
 
 SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 """Send only what the client sent: no headers of aiohttp's own choosing."""
@@ -82,13 +83,16 @@ class UpstreamClient:
     async def send(
         self, url: str, *, headers: list[tuple[str, str]], body: bytes
     ) -> UpstreamResponse:
-        """POST ``body`` and return once the response headers arrived."""
+        """POST ``body`` to ``url`` as it is written (the client's query string, already
+        percent-encoded, is not encoded a second time) and return once the response
+        headers arrived."""
+        target = URL(url, encoded=True)
         # A pooled connection the upstream closed while idle fails at once with
         # ServerDisconnected; one retry on a fresh connection is not a second attempt.
         for retry in (True, False):
             try:
                 response = await self._session.post(
-                    url, data=body, headers=headers, allow_redirects=False
+                    target, data=body, headers=headers, allow_redirects=False
                 )
             except aiohttp.ServerDisconnectedError as exc:
                 if retry:
