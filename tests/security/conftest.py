@@ -3,7 +3,7 @@ upstream, and the secrets the tests then look for in every log."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +13,7 @@ import yaml
 from hotseat.launcher import Managed, free_port, start_service
 from tests.router.conftest import client, running, start_router, upstream
 from tests.router.upstreams import FakeUpstream
+from tests.security.recording import RecordingUpstream
 
 # The in-process router harness of tests/router, for tests that script the activation
 # client or need the router's own objects.
@@ -112,3 +113,65 @@ async def limited_router(
     """The secure router (maxBodyBytes 4096) with the small :data:`LIMITS`."""
     async for router in _secure_router(tmp_path, prefix, nats_server, LIMITS):
         yield router
+
+
+SERVED_AS = "served-m"
+RECORDED_LIMITS = {
+    "HOTSEAT_MAX_HEADER_BYTES": "4096",
+    "HOTSEAT_MAX_HEADERS": "20",
+    "HOTSEAT_HEADER_TIMEOUT": "1",
+    "HOTSEAT_BODY_TIMEOUT": "1",
+    "HOTSEAT_BODY_BUDGET_BYTES": "8192",
+    "HOTSEAT_MAX_JSON_DEPTH": "254",
+}
+"""Small limits, the body budget as small as allowed (the largest body, so that one
+request's body always fits), the deepest JSON the router may be set to read."""
+
+
+@dataclass
+class RecordedRouter:
+    router: Managed
+    upstream: RecordingUpstream
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.router.url.removeprefix("http://").split(":")
+        return host, int(port)
+
+
+@pytest.fixture
+def recorded_router(tmp_path: Path, prefix: str, nats_server: Managed) -> Iterator[RecordedRouter]:
+    """A router (maxBodyBytes 8192, :data:`RECORDED_LIMITS`) in front of a
+    :class:`RecordingUpstream`: model ``m`` goes to a backend that serves it as
+    ``served-m`` (the router rewrites the model), ``p*`` to one that takes the body as
+    it is; both are the one recorder."""
+    upstream = RecordingUpstream()
+    upstream.start()
+    config = {
+        "router": {"name": "recorded", "maxBodyBytes": 8192},
+        "backends": [
+            {"name": "renames", "address": upstream.url, "model": SERVED_AS},
+            {"name": "plain", "address": upstream.url},
+        ],
+        "rules": [
+            {"name": "m", "match": {"models": ["m"]}, "route": {"backends": ["renames"]}},
+            {"name": "p", "match": {"models": ["p*"]}, "route": {"backends": ["plain"]}},
+        ],
+    }
+    (tmp_path / "hotseat.yaml").write_text(yaml.safe_dump(config))
+    env = {
+        "HOTSEAT_CONFIG": str(tmp_path / "hotseat.yaml"),
+        "HOTSEAT_NATS_URL": nats_server.url,
+        "HOTSEAT_SUBJECT_PREFIX": prefix,
+        "HOTSEAT_AUDIT_STREAM": f"AUDIT_{prefix}",
+        "HOTSEAT_API_KEYS": CLIENT_KEY,
+        **RECORDED_LIMITS,
+    }
+    router = start_service(
+        "router", "hotseat-router", [], port=free_port(), log_dir=tmp_path, env=env
+    )
+    try:
+        yield RecordedRouter(router, upstream)
+    finally:
+        router.stop(5)
+        upstream.stop()

@@ -26,88 +26,24 @@ import os
 import string
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 from urllib.parse import quote
 
 import pytest
-import yaml
 from hypothesis import HealthCheck, Phase, given, note, seed, settings
 from hypothesis import strategies as st
 
-from hotseat.launcher import Managed, free_port, start_service
-from tests.security.recording import Answer, RecordingUpstream, Silent, exchange
+from tests.security.conftest import CLIENT_KEY, SERVED_AS, RecordedRouter
+from tests.security.recording import Answer, Silent, exchange
 
 T = TypeVar("T")
 FUZZ_SECONDS = float(os.environ.get("HOTSEAT_FUZZ_SECONDS", "60"))
 FUZZ_SEED = int(os.environ.get("HOTSEAT_FUZZ_SEED", "20261202"))
-KEY = "sk-client-fuzz-5d1c7e9a"
-MAX_BODY = 8192
-BUDGET = MAX_BODY
-"""As small as the router allows: one request's body always fits."""
-MAX_DEPTH = 254
-"""The deepest the router may be configured to read (the encoder's own limit)."""
-SERVED_AS = "served-m"
+KEY = CLIENT_KEY
 ANSWER_WAIT_S = 30.0
 """How long a request may go unanswered before the router is called silent (the head
 and body timeouts are 1 s; a bound on a hang, not a measured figure)."""
-LIMITS = {
-    "HOTSEAT_MAX_HEADER_BYTES": "4096",
-    "HOTSEAT_MAX_HEADERS": "20",
-    "HOTSEAT_HEADER_TIMEOUT": "1",
-    "HOTSEAT_BODY_TIMEOUT": "1",
-    "HOTSEAT_BODY_BUDGET_BYTES": str(BUDGET),
-    "HOTSEAT_MAX_JSON_DEPTH": str(MAX_DEPTH),
-}
-
-
-@dataclass
-class FuzzRouter:
-    router: Managed
-    upstream: RecordingUpstream
-
-    @property
-    def address(self) -> tuple[str, int]:
-        host, port = self.router.url.removeprefix("http://").split(":")
-        return host, int(port)
-
-
-@pytest.fixture
-def fuzz_router(tmp_path: Path, prefix: str, nats_server: Managed) -> Iterator[FuzzRouter]:
-    """Model ``m`` goes to a backend that serves it as ``served-m`` (the router rewrites
-    the model), ``p*`` to one that takes the body as it is; both are one recorder."""
-    upstream = RecordingUpstream()
-    upstream.start()
-    config = {
-        "router": {"name": "fuzz", "maxBodyBytes": MAX_BODY},
-        "backends": [
-            {"name": "renames", "address": upstream.url, "model": SERVED_AS},
-            {"name": "plain", "address": upstream.url},
-        ],
-        "rules": [
-            {"name": "m", "match": {"models": ["m"]}, "route": {"backends": ["renames"]}},
-            {"name": "p", "match": {"models": ["p*"]}, "route": {"backends": ["plain"]}},
-        ],
-    }
-    (tmp_path / "hotseat.yaml").write_text(yaml.safe_dump(config))
-    env = {
-        "HOTSEAT_CONFIG": str(tmp_path / "hotseat.yaml"),
-        "HOTSEAT_NATS_URL": nats_server.url,
-        "HOTSEAT_SUBJECT_PREFIX": prefix,
-        "HOTSEAT_AUDIT_STREAM": f"AUDIT_{prefix}",
-        "HOTSEAT_API_KEYS": KEY,
-        **LIMITS,
-    }
-    router = start_service(
-        "router", "hotseat-router", [], port=free_port(), log_dir=tmp_path, env=env
-    )
-    try:
-        yield FuzzRouter(router, upstream)
-    finally:
-        router.stop(5)
-        upstream.stop()
 
 
 # ---- bodies -------------------------------------------------------------------------
@@ -623,7 +559,7 @@ def check_forwarded(
             assert forwarded == sent.raw[:start] + b'"served-m"' + sent.raw[end:]
 
 
-def healthy(fuzz: FuzzRouter) -> None:
+def healthy(fuzz: RecordedRouter) -> None:
     assert fuzz.router.alive(), "the router process exited"
     conn = http.client.HTTPConnection(*fuzz.address, timeout=ANSWER_WAIT_S)
     try:
@@ -635,7 +571,7 @@ def healthy(fuzz: FuzzRouter) -> None:
 
 @pytest.mark.timeout(FUZZ_SECONDS + 300)
 def test_no_request_hurts_the_router_or_reaches_an_upstream_unread(
-    fuzz_router: FuzzRouter,
+    recorded_router: RecordedRouter,
 ) -> None:
     """Random requests for ``HOTSEAT_FUZZ_SECONDS``: no 5xx, the router alive and answering
     /healthz after each, nothing at the upstream for an answer of the router's own, and
@@ -658,7 +594,7 @@ def test_no_request_hurts_the_router_or_reaches_an_upstream_unread(
         if not failing and time.monotonic() > deadline:
             raise TimeUp
         try:
-            check_one(fuzz_router, request, tally)
+            check_one(recorded_router, request, tally)
         except BaseException:
             failing = True
             raise
@@ -676,7 +612,7 @@ def test_no_request_hurts_the_router_or_reaches_an_upstream_unread(
     assert tally["examples"] > 0
 
 
-def check_one(fuzz: FuzzRouter, request: Request, tally: Counter[str]) -> None:
+def check_one(fuzz: RecordedRouter, request: Request, tally: Counter[str]) -> None:
     tally["examples"] += 1
     note(f"sent: {request.encode()!r}")
     before = fuzz.upstream.count()
