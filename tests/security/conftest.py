@@ -14,6 +14,7 @@ from hotseat.launcher import Managed, free_port, start_service
 from tests.router.conftest import client, running, start_router, upstream
 from tests.router.upstreams import FakeUpstream
 from tests.security.recording import RecordingUpstream
+from tests.support.stack import Stack, pool_stack_config
 
 # The in-process router harness of tests/router, for tests that script the activation
 # client or need the router's own objects.
@@ -175,3 +176,21 @@ def recorded_router(tmp_path: Path, prefix: str, nats_server: Managed) -> Iterat
     finally:
         router.stop(5)
         upstream.stop()
+
+
+@pytest.fixture
+def admin_stack(
+    tmp_path: Path, prefix: str, nats_server: Managed, redis_server: Managed
+) -> Iterator[Stack]:
+    """Sims and a controller with the admin token :data:`ADMIN_TOKEN`; the pool has no
+    default member, so nothing is resident until an admin action loads one."""
+    config = pool_stack_config(pool={"default": None})
+    config["pools"][0].pop("default")
+    stack = Stack(tmp_path, prefix, nats_server.url, redis_server.url, config)
+    stack.admin_token = ADMIN_TOKEN
+    stack.start_sims()
+    stack.start_controller("c1")
+    try:
+        yield stack
+    finally:
+        stack.stop()

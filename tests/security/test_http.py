@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import orjson
-import pytest
 
 from hotseat.launcher import Managed
 from tests.security.conftest import (
@@ -192,22 +190,6 @@ async def test_no_hop_by_hop_header_or_client_key_reaches_an_upstream(
             assert headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
         else:
             assert "authorization" not in headers
-
-
-@pytest.fixture
-def admin_stack(
-    tmp_path: Path, prefix: str, nats_server: Managed, redis_server: Managed
-) -> Iterator[Stack]:
-    config = pool_stack_config(pool={"default": None})
-    config["pools"][0].pop("default")
-    stack = Stack(tmp_path, prefix, nats_server.url, redis_server.url, config)
-    stack.admin_token = "admin-token-4e1f8a2b6c9d"
-    stack.start_sims()
-    stack.start_controller("c1")
-    try:
-        yield stack
-    finally:
-        stack.stop()
 
 
 async def test_admin_actions_refuse_without_the_admin_token(admin_stack: Stack) -> None:

@@ -1,12 +1,18 @@
-"""The controller's admin API: read pools freely, force a swap or an unload with a token."""
+"""The controller's admin API: read pools freely, force a swap or an unload with a token.
+
+An action's token is checked before its body is read: a client without the token gets
+401 whatever it sends, and learns nothing of the body's schema. The bodies are strict
+(``force`` is a JSON boolean, never ``"yes"`` or ``1``) and take no other keys.
+"""
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping
-from typing import Annotated
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
-from fastapi import APIRouter, Header, HTTPException
+from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from hotseat_common.messages import ErrorReply, PoolList, PoolView
@@ -15,7 +21,7 @@ from hotseat_pool_controller.runtime.answers import PoolAnswers
 
 
 class UnloadBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     force: bool = False
     """Skip the incumbent's ``/slots`` check (``busySignal: leasesAndSlots``), for a member
@@ -43,6 +49,23 @@ def _authorize(token: SecretStr | None, authorization: str | None) -> None:
         raise HTTPException(401, "missing or wrong admin token", {"WWW-Authenticate": "Bearer"})
 
 
+def _token_first(token: SecretStr | None) -> type[APIRoute]:
+    """The route class of the admin actions: the token is checked before FastAPI reads
+    or validates the body (a dependency would run only after the body is parsed)."""
+
+    class TokenFirstRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+
+            async def authorized(request: Request) -> Response:
+                _authorize(token, request.headers.get("authorization"))
+                return await handler(request)
+
+            return authorized
+
+    return TokenFirstRoute
+
+
 def _result(pool: str, decision: Decision) -> ActionResult:
     if isinstance(decision.reply, ErrorReply):
         raise HTTPException(409, f"{decision.reply.code}: {decision.reply.message}")
@@ -55,6 +78,7 @@ def _result(pool: str, decision: Decision) -> ActionResult:
 
 def admin_router(pools: Mapping[str, PoolAnswers], token: SecretStr | None) -> APIRouter:
     router = APIRouter(prefix="/v1/pools", tags=["pools"])
+    actions = APIRouter(route_class=_token_first(token))
 
     def pool_or_404(name: str) -> PoolAnswers:
         pool = pools.get(name)
@@ -70,24 +94,17 @@ def admin_router(pools: Mapping[str, PoolAnswers], token: SecretStr | None) -> A
     async def get_pool(name: str) -> PoolView:
         return await pool_or_404(name).view()
 
-    @router.post("/{name}/swap")
-    async def force_swap(
-        name: str, body: SwapBody, authorization: Annotated[str | None, Header()] = None
-    ) -> ActionResult:
-        _authorize(token, authorization)
+    @actions.post("/{name}/swap")
+    async def force_swap(name: str, body: SwapBody) -> ActionResult:
         pool = pool_or_404(name)
         if body.member not in pool.policy.members:
             raise HTTPException(404, f"pool {name!r} has no member {body.member!r}")
         return _result(name, await pool.admin_swap(body.member, force=body.force))
 
-    @router.post("/{name}/unload")
-    async def force_unload(
-        name: str,
-        body: UnloadBody | None = None,
-        authorization: Annotated[str | None, Header()] = None,
-    ) -> ActionResult:
-        _authorize(token, authorization)
+    @actions.post("/{name}/unload")
+    async def force_unload(name: str, body: UnloadBody | None = None) -> ActionResult:
         force = body.force if body is not None else False
         return _result(name, await pool_or_404(name).admin_unload(force=force))
 
+    router.include_router(actions)
     return router
