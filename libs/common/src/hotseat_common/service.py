@@ -79,6 +79,10 @@ def run_app(
         "port": settings.port,
         "loop": "uvloop",
         "http": http,
+        # No Hotseat service speaks WebSocket: an Upgrade request is answered as the plain
+        # HTTP request it also is (a WebSocket handshake would otherwise get uvicorn's
+        # own 403, outside every service's error shape).
+        "ws": "none",
         "lifespan": "on",
         "log_config": None,
         "access_log": False,

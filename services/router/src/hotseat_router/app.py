@@ -18,13 +18,17 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from typing import Any
+from http import HTTPStatus
+from typing import Any, cast
 
 from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route, request_response
 
 from hotseat_common.audit_stream import AuditPublisher, AuditStreamSpec, ensure_audit_stream
 from hotseat_common.config import HotseatConfig, load_config
@@ -43,11 +47,13 @@ from hotseat_router.budget import BodyBudget
 from hotseat_router.catalog import Catalog, build_catalog
 from hotseat_router.dispatch import Dispatcher
 from hotseat_router.errors import (
+    InvalidRequest,
     MethodNotAllowed,
     ModelNotFound,
     Unauthorized,
     UnknownUrl,
     error_answer,
+    internal_error,
 )
 from hotseat_router.headers import REQUEST_ID_B, request_id_of
 from hotseat_router.health import HealthPolicy, PassiveHealth
@@ -79,22 +85,61 @@ def _bearers(config: HotseatConfig) -> dict[str, str]:
 
 
 class RouterApp(FastAPI):
-    """FastAPI, with the proxy endpoints answered before the framework sees them."""
+    """FastAPI, with the proxy endpoints answered before the framework sees them, and no
+    answer of its own that is not the router's: whatever the framework would answer
+    (an unknown path, a method no route takes, an exception) is an OpenAI error with a
+    request id, and an exception's text only goes to the log."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        guarded = _Guarded(send)
+        try:
             if scope["method"] == "POST" and scope["path"] in PROXY_PATHS:
                 proxy: ProxyEndpoint = scope["state"]["proxy"]
-                await proxy(scope, receive, send)
-                return
-            send = _stamp_request_id(scope, send)
-        await super().__call__(scope, receive, send)
+                await proxy(scope, receive, guarded)
+            else:
+                await super().__call__(scope, receive, _stamp_request_id(scope, guarded))
+        except Exception as exc:
+            # Framework routes were answered by _internal_error (Starlette raises again
+            # after its handler); the proxy answers its own failures, so one here came
+            # after its answer began, or from outside its guard.
+            request_id = _request_id(scope)
+            log.exception("request_failed", request_id=request_id, exc_info=exc)
+            if not guarded.started:
+                status, headers, body = error_answer(internal_error(request_id))
+                headers.append((REQUEST_ID_B, request_id.encode()))
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+
+
+class _Guarded:
+    """A ``send`` that remembers whether the response has begun."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
+def _request_id(scope: Scope) -> str:
+    """The request's id, made once per request (the client's valid one, or a new one)."""
+    state = scope.setdefault("state", {})
+    request_id: str | None = state.get("request_id")
+    if request_id is None:
+        client = next((v for k, v in scope["headers"] if k == REQUEST_ID_B), None)
+        request_id = state["request_id"] = request_id_of(client)
+    return request_id
 
 
 def _stamp_request_id(scope: Scope, send: Send) -> Send:
     """Every response carries ``x-hotseat-request-id`` (the client's, or a new one)."""
-    request_id = request_id_of(next((v for k, v in scope["headers"] if k == REQUEST_ID_B), None))
-    scope.setdefault("state", {})["request_id"] = request_id
+    request_id = _request_id(scope)
 
     async def stamped(message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -216,12 +261,16 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url="/openapi.json",
+        # No 307 to the path with a slash added or removed: its Location would echo the
+        # client's Host header, and every path the router serves has one spelling.
+        redirect_slashes=False,
     )
     _serve_openapi(app, router_openapi(api_keys=auth.enabled))
     app.include_router(ops_router(readiness, registry))
 
     _mount_models(app, auth, catalog)
     _mount_unknown_v1(app, auth)
+    _answer_framework_errors(app)
 
     return app
 
@@ -262,11 +311,6 @@ _METHODS = {**dict.fromkeys(PROXY_PATHS, "POST"), "/v1/models": "GET, HEAD"}
 
 
 def _mount_unknown_v1(app: RouterApp, auth: ApiKeyCheck) -> None:
-    @app.api_route(
-        "/v1/{path:path}",
-        methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
-        include_in_schema=False,
-    )
     async def unknown_v1(request: Request) -> Response:
         """Any other /v1 path or method: 401 without a valid key (an unauthenticated
         client learns nothing about which paths exist), else an OpenAI-shaped 405 (a
@@ -281,12 +325,65 @@ def _mount_unknown_v1(app: RouterApp, auth: ApiKeyCheck) -> None:
             )
         return _error_response(UnknownUrl(f"Invalid URL ({request.method} {path})"))
 
+    app.router.routes.append(
+        Route("/v1/{path:path}", _AnyMethod(unknown_v1), include_in_schema=False)
+    )
 
-def _error_response(exc: HotseatError) -> Response:
+
+class _AnyMethod:
+    """An endpoint as a plain ASGI app: a Starlette route to one takes every method
+    (``TRACE``, ``CONNECT``, ...), where a route to a function takes only those it lists."""
+
+    def __init__(self, endpoint: Callable[[Request], Awaitable[Response]]) -> None:
+        self._app = request_response(endpoint)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+
+def _answer_framework_errors(app: RouterApp) -> None:
+    """What Starlette and FastAPI would answer themselves, in the router's shape: no route
+    for the path (404), none for the method (405, with ``Allow``), a request a route
+    cannot read (400), an exception (500, its text only in the log, by
+    :class:`RouterApp`)."""
+
+    async def http_error(request: Request, error: Exception) -> Response:
+        exc = cast("StarletteHTTPException", error)
+        path = request.url.path
+        if exc.status_code == HTTPStatus.METHOD_NOT_ALLOWED:
+            allow = (exc.headers or {}).get("Allow", "")
+            return _error_response(
+                MethodNotAllowed(f"Method {request.method} not allowed on {path}", allow=allow)
+            )
+        if exc.status_code == HTTPStatus.NOT_FOUND:
+            return _error_response(UnknownUrl(f"Invalid URL ({request.method} {path})"))
+        if exc.status_code < HTTPStatus.INTERNAL_SERVER_ERROR:
+            return _error_response(InvalidRequest(str(exc.detail)), status=exc.status_code)
+        return _error_response(internal_error(_request_id(request.scope)))
+
+    async def invalid(request: Request, _exc: Exception) -> Response:
+        return _error_response(
+            InvalidRequest(f"Invalid request ({request.method} {request.url.path})")
+        )
+
+    async def failed(request: Request, _exc: Exception) -> Response:
+        return _error_response(internal_error(_request_id(request.scope)))
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(Exception, failed)
+
+
+def _error_response(exc: HotseatError, *, status: int | None = None) -> Response:
     """The one error table's answer (:func:`~hotseat_router.errors.error_answer`) as a
-    framework response."""
-    status, headers, body = error_answer(exc)
-    return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
+    framework response (with another ``status`` for a framework error the table does not
+    name)."""
+    table_status, headers, body = error_answer(exc)
+    return Response(
+        body,
+        status_code=status or table_status,
+        headers={k.decode(): v.decode() for k, v in headers},
+    )
 
 
 def _header(request: Request, name: bytes) -> bytes | None:

@@ -9,6 +9,8 @@ client may make the router hold before a request reaches the app.
 - A connection that would make more than ``max_connections`` open at once in this
   process has its request answered 503 with ``Retry-After`` and is closed.
 - A request the parser cannot read gets 400 with the OpenAI error body.
+- An ``Upgrade`` request (WebSocket, h2c) is served as plain HTTP/1.1: the router
+  upgrades to nothing.
 - A client that stops reading its response (the connection's write buffer stays full
   for ``write_timeout`` seconds) is dropped: the connection is aborted, which the app
   sees as the client leaving (the upstream request is cancelled, the lease released).
@@ -153,6 +155,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         self._refuse(InvalidRequest(msg))
+
+    def _unsupported_upgrade_warning(self) -> None:
+        # The router upgrades to nothing (no WebSocket, no h2c): the request is answered
+        # as HTTP/1.1. uvicorn would log a warning per such request, which any client
+        # could repeat at will.
+        log.debug("upgrade_ignored")
 
     # parser callbacks
 

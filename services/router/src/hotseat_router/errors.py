@@ -2,7 +2,7 @@
 
     HotseatError                      (hotseat_common.errors)
     ├── ActivationError ...           pool_* / swap_failed / controller_unavailable
-    └── RouterError
+    └── RouterError                   internal_error          500 (internal_error())
         ├── InvalidJson               invalid_json            400
         ├── InvalidRequest            invalid_request         400
         ├── Unauthorized              invalid_api_key         401
@@ -20,6 +20,8 @@
         └── ClientDisconnected        client_disconnected     (nobody to answer)
 
 Each code maps to a status, an OpenAI error ``type`` and the audit outcome of the request.
+Every body is ``{"error": {"message", "type", "param", "code"}}``; a 500's message never
+holds an exception's text, only the request id the log has it under.
 """
 
 from __future__ import annotations
@@ -113,6 +115,12 @@ class ClientDisconnected(RouterError):
     code = ErrorCode.CLIENT_DISCONNECTED
 
 
+def internal_error(request_id: str) -> RouterError:
+    """The answer to a failure inside the router: a 500 that says nothing of it but the
+    request id under which the log has it."""
+    return RouterError(f"internal error in the router; quote request id {request_id}")
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorSpec:
     status: int
@@ -178,7 +186,9 @@ def retry_after_seconds(value: float | None) -> int:
 
 
 def error_body(message: str, type_: str, code: ErrorCode) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": type_, "code": code}})
+    """The OpenAI error body; ``param`` (the request field at fault) is always null, as
+    the router never names one."""
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
 
 
 def error_answer(exc: HotseatError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:

@@ -156,10 +156,11 @@ def router_openapi(*, api_keys: bool) -> dict[str, Any]:
                     "properties": {
                         "error": {
                             "type": "object",
-                            "required": ["message", "type", "code"],
+                            "required": ["message", "type", "param", "code"],
                             "properties": {
                                 "message": {"type": "string"},
                                 "type": {"type": "string"},
+                                "param": {"type": ["string", "null"]},
                                 "code": {"type": ["string", "null"]},
                             },
                         }

@@ -27,9 +27,9 @@ from hotseat_router.dispatch import Dispatched, Dispatcher, Outbound
 from hotseat_router.errors import (
     InvalidRequest,
     ModelNotFound,
-    RouterError,
     Unauthorized,
     error_answer,
+    internal_error,
     spec_for,
 )
 from hotseat_router.headers import REQUEST_ID_B, end_to_end_headers, request_id_of
@@ -126,8 +126,10 @@ class ProxyEndpoint:
                 raise
             return None
         except Exception as exc:
-            log.exception("request_failed", request_id=ctx.request_id)
-            await self._answer_error(ctx, send, RouterError(f"internal error: {exc}"))
+            # The exception's text is for the log only: it may hold anything (addresses,
+            # a backend's words, a secret), so the client gets the request id to quote.
+            log.exception("request_failed", request_id=ctx.request_id, exc_info=exc)
+            await self._answer_error(ctx, send, internal_error(ctx.request_id))
             return None
         finally:
             claim.release()
