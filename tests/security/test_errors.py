@@ -96,6 +96,9 @@ async def test_a_method_no_route_answers_gets_the_openai_405(
                 assert allowed in response.headers["allow"], (method, path)
             unknown = await client.request(method, "/v1/files", headers=AUTH)
             assert_openai_error(unknown, 404, "unknown_url")
+        # What Allow names is answered.
+        head = await client.head("/v1/models", headers=AUTH)
+        assert head.status_code == 200, head.headers
     assert secure_router.echo.requests == []
 
 

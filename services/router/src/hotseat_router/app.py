@@ -102,9 +102,9 @@ class RouterApp(FastAPI):
             else:
                 await super().__call__(scope, receive, _stamp_request_id(scope, guarded))
         except Exception as exc:
-            # Framework routes were answered by _internal_error (Starlette raises again
-            # after its handler); the proxy answers its own failures, so one here came
-            # after its answer began, or from outside its guard.
+            # A framework route's failure was answered by the Exception handler of
+            # _answer_framework_errors (Starlette raises it again after); the proxy
+            # answers its own, so one from it came after its answer began.
             request_id = _request_id(scope)
             log.exception("request_failed", request_id=request_id, exc_info=exc)
             if not guarded.started:
@@ -278,13 +278,13 @@ def create_app(
 def _mount_models(app: RouterApp, auth: ApiKeyCheck, catalog: Catalog) -> None:
     """``GET /v1/models`` and ``GET /v1/models/{id}`` (:mod:`hotseat_router.catalog`)."""
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def list_models(request: Request) -> Response:
         if not auth.allows(_header(request, b"authorization")):
             return _error_response(Unauthorized("missing or invalid API key"))
         return Response(catalog.listing, media_type="application/json")
 
-    @app.get("/v1/models/{model:path}")
+    @app.api_route("/v1/models/{model:path}", methods=["GET", "HEAD"])
     async def get_model(request: Request, model: str) -> Response:
         if not auth.allows(_header(request, b"authorization")):
             return _error_response(Unauthorized("missing or invalid API key"))
