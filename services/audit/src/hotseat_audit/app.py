@@ -38,6 +38,7 @@ from hotseat_audit.consumer import AuditConsumer
 from hotseat_audit.retention import RetentionJob
 from hotseat_audit.settings import AuditSettings
 from hotseat_audit.store import AuditStore, open_store, parse_dsn
+from hotseat_common.api_docs import serve_api_docs
 from hotseat_common.audit_stream import ensure_audit_stream
 from hotseat_common.connections import connect_nats
 from hotseat_common.logging import get_logger
@@ -166,7 +167,10 @@ def create_app(settings: AuditSettings) -> tuple[FastAPI, Supervisor]:
         title="Hotseat audit",
         description="Every request outcome and pool transition, stored once and queryable.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
+    serve_api_docs(app)
     install_error_handlers(app)
     app.include_router(ops_router(readiness, registry))
     app.include_router(build_router(cursor_key(settings)))

@@ -10,6 +10,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from hotseat_common.api_docs import serve_api_docs
 from hotseat_common.audit_stream import AuditPublisher, AuditStreamSpec, ensure_audit_stream
 from hotseat_common.config.model import HotseatConfig
 from hotseat_common.connections import connect_nats
@@ -106,7 +107,8 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
                     swaps_interrupted=sum(1 for t in swaps if t.cancelled()),
                 )
 
-    app = FastAPI(title="Hotseat pool controller", lifespan=lifespan)
+    app = FastAPI(title="Hotseat pool controller", lifespan=lifespan, docs_url=None, redoc_url=None)
+    serve_api_docs(app)
     app.include_router(ops_router(readiness, registry))
     app.include_router(admin_router(answers, settings.admin_token))
     return app
