@@ -5,8 +5,12 @@ collide on purpose), re-asks, renewals, releases, cancels, lease expiries, super
 ticks, swap steps, swap failures, admin swaps and unloads, and the faults a fleet meets:
 controller deaths, swap owners frozen and thawed after a takeover, the store flushed
 (Redis restarted empty) and relearning, residents that stall or die while they serve.
-It runs against a simulated GPU that refuses commands of an older epoch, as every
-driver's backend fence does (docs/drivers.md).
+Swaps run in the real :class:`SwapRunner`, each in its own task, against a residency
+driver whose every load and unload waits at a gate until the machine opens it (or makes
+it fail), so the machine picks every interleaving of runner steps, takeovers and stale
+owners that thaw; the commands act on a simulated GPU that refuses commands of an older
+epoch, as every driver's backend fence does (docs/drivers.md). No wall clock decides
+anything: heartbeats and deadlines are an hour, and lapse only when a rule says so.
 
 Invariants:
 
@@ -28,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -55,10 +61,9 @@ from hotseat_pool_controller.decisions.recovery import (
     decide_resident_lost,
 )
 from hotseat_pool_controller.decisions.start import next_epoch
-from hotseat_pool_controller.decisions.swap import decide_begin_load, decide_commit, decide_fail
 from hotseat_pool_controller.decisions.tick import decide_tick
+from hotseat_pool_controller.drivers.base import DriverError, Fenced
 from hotseat_pool_controller.model import (
-    NOTHING,
     AcquireAsk,
     Decision,
     Phase,
@@ -66,6 +71,8 @@ from hotseat_pool_controller.model import (
     PoolSnapshot,
     SwapOrder,
 )
+from hotseat_pool_controller.runtime.outcomes import Outcomes
+from hotseat_pool_controller.runtime.swaps import SwapRunner
 from hotseat_pool_controller.store.link import RedisLink
 from hotseat_pool_controller.store.pool import PoolStore, Renewal
 
@@ -111,14 +118,12 @@ class SimGpu:
         self.highest_epoch = epoch
         return True
 
-    def unload_others(self, target: str, epoch: int) -> bool:
+    def unload(self, member: str, epoch: int) -> bool:
         if not self.accept(epoch):
             return False
-        going = self.loaded - {target}
-        assert not going & self.serving, f"unloaded {going & self.serving} while it served"
-        self.loaded &= {target}
-        self.stalled &= self.loaded
-        self.bypassed &= self.loaded
+        if member in self.loaded:
+            assert member not in self.serving, f"unloaded {member} while it served"
+        self.crash(member)
         return True
 
     def load(self, target: str, epoch: int) -> bool:
@@ -138,12 +143,113 @@ class SimGpu:
         return member in self.loaded and member not in self.stalled
 
 
+CURRENT_SWAP: ContextVar[int] = ContextVar("CURRENT_SWAP", default=0)
+"""Which swap a driver command belongs to (tasks the runner starts inherit it)."""
+
+
 @dataclass
 class Swap:
+    """A swap the real runner runs as ``owner``, in its own task."""
+
     order: SwapOrder
     owner: str
-    stage: int = 0  # 0 unload others, 1 begin load, 2 load, 3 commit
-    frozen: bool = False
+    task: asyncio.Task[str]
+    key: int
+
+
+@dataclass
+class Command:
+    """A load or unload a runner sent, held at its gate until the machine opens it."""
+
+    kind: str
+    member: str
+    epoch: int
+    swap: int
+    done: asyncio.Future[None]
+
+
+class GatedDriver:
+    """The residency driver of every runner: each command waits at a gate; opened, it acts
+    on the simulated GPU (whose fence refuses an older epoch: :class:`Fenced`)."""
+
+    def __init__(self, gpu: SimGpu, serving: Callable[[], set[str]]) -> None:
+        self.gpu = gpu
+        self._serving = serving
+        self.pending: list[Command] = []
+
+    async def _gate(self, kind: str, member: str, epoch: int) -> None:
+        command = Command(
+            kind, member, epoch, CURRENT_SWAP.get(), asyncio.get_running_loop().create_future()
+        )
+        self.pending.append(command)
+        try:
+            await command.done
+        finally:
+            if command in self.pending:
+                self.pending.remove(command)
+
+    def open(self, command: Command, *, fail: bool = False) -> None:
+        """Let ``command`` through: it acts on the GPU now (or fails, as a driver may)."""
+        self.pending.remove(command)
+        if fail:
+            command.done.set_exception(DriverError(f"{command.kind} {command.member}: boom"))
+            return
+        self.gpu.serving = self._serving()
+        act = self.gpu.load if command.kind == "load" else self.gpu.unload
+        if act(command.member, command.epoch):
+            command.done.set_result(None)
+        else:
+            command.done.set_exception(Fenced(f"epoch {command.epoch} refused"))
+
+    async def load(self, member: str, *, epoch: int) -> None:
+        await self._gate("load", member, epoch)
+
+    async def unload(self, member: str, *, epoch: int) -> None:
+        await self._gate("unload", member, epoch)
+
+    async def is_ready(self, member: str) -> bool:
+        return self.gpu.ready(member)
+
+    async def is_idle(self, member: str) -> bool:
+        return member not in self.gpu.bypassed
+
+    async def confirm_gone(self, member: str) -> bool:
+        return member not in self.gpu.loaded
+
+    async def fence(self, epoch: int) -> None:
+        self.gpu.accept(epoch)
+
+    async def residency(self) -> dict[str, bool]:
+        return {m: m in self.gpu.loaded for m in MEMBERS}
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _held_at(task: asyncio.Future[object], gates: set[int]) -> bool:
+    """True when ``task`` waits on a driver gate, itself or through a gather whose every
+    unfinished child does. (CPython's task records what it awaits in ``_fut_waiter``;
+    a runner between two store calls waits on a socket instead, and is not held.)"""
+    waiting = getattr(task, "_fut_waiter", None)
+    if waiting is None:
+        return False
+    if id(waiting) in gates:
+        return True
+    children = getattr(waiting, "_children", None)
+    if children is None:
+        return False
+    unfinished = [c for c in children if not c.done()]
+    return bool(unfinished) and all(_held_at(c, gates) for c in unfinished)
+
+
+class QuietOutcomes(Outcomes):
+    """The runner's outcomes, told to no one (audit and notifications are not under test)."""
+
+    def __init__(self) -> None:
+        pass
+
+    async def report(self, decision: Decision, reason: str) -> None:
+        return None
 
 
 @dataclass
@@ -179,6 +285,7 @@ class ControllerMachine(RuleBasedStateMachine):
         self.link = RedisLink(RedisSettings(redis_url=self.redis_url))
         self.store = PoolStore(self.link, Keys("p" + uuid.uuid4().hex[:10]), self.policy)
         self.gpu = SimGpu()
+        self.driver = GatedDriver(self.gpu, self.serving)
         self.leases: dict[str, Held] = {}
         self.waiting: dict[str, Waiting] = {}  # attempt -> waiter
         self.swaps: list[Swap] = []
@@ -193,6 +300,15 @@ class ControllerMachine(RuleBasedStateMachine):
         return self.loop.run_until_complete(coro)
 
     def teardown(self) -> None:
+        async def stop_swaps() -> None:
+            # Every runner, and any driver command a runner left running (a gather whose
+            # first command failed does not stop its others).
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+
+        self.run(stop_swaps())
         self.run(self.store.reset())
         self.run(self.redis.aclose())
         self.run(self.link.aclose())
@@ -204,8 +320,45 @@ class ControllerMachine(RuleBasedStateMachine):
     def decide(self, decide, attempt: str = "") -> Decision:  # type: ignore[no-untyped-def]
         decision, _ = self.run(self.store.decide(decide, attempt))
         if decision.swap is not None:
-            self.swaps.append(Swap(decision.swap, owner=self.owner_of(decision)))
+            self.start_swap(decision.swap, self.owner_of(decision))
         return decision
+
+    def start_swap(self, order: SwapOrder, owner: str) -> None:
+        """What PoolRuntime does with a swap order: the real runner, in its own task."""
+        runner = SwapRunner(self.store, self.driver, self.policy, owner, QuietOutcomes())
+        self.n += 1
+        key = self.n
+
+        async def run() -> str:
+            CURRENT_SWAP.set(key)
+            return await runner.run(order)
+
+        self.swaps.append(Swap(order, owner, self.loop.create_task(run()), key))
+        self.settle()
+
+    def settle(self) -> None:
+        """Run the loop until every swap is held at a driver gate or has ended; record
+        what the ended ones leave behind."""
+
+        async def parked() -> None:
+            for _ in range(20_000):
+                gates = {id(c.done) for c in self.driver.pending}
+                if all(s.task.done() or _held_at(s.task, gates) for s in self.swaps):
+                    return
+                await asyncio.sleep(0.0005)
+            raise AssertionError(f"swaps neither ended nor reached a driver: {self.swaps}")
+
+        self.run(parked())
+        for swap in [s for s in self.swaps if s.task.done()]:
+            self.swaps.remove(swap)
+            if swap.task.cancelled():
+                continue
+            if swap.task.result() == "failed":
+                if swap.order.target:
+                    self.failed.add(swap.order.target)
+                # A failed swap leaves the pool cold; what its unloads did not reach is
+                # still on the GPU, unknown to the store, until the next swap unloads it.
+                self.zombies |= self.gpu.loaded
 
     def decide_busy(self, decide, attempt: str = "") -> Decision:  # type: ignore[no-untyped-def]
         """Like PoolRuntime: a decision that needs the incumbent's /slots asks the GPU
@@ -240,14 +393,6 @@ class ControllerMachine(RuleBasedStateMachine):
         on_gpu = tuple(sorted(self.gpu.loaded))
         unhealthy = len(on_gpu) == 1 and not self.gpu.ready(on_gpu[0])
         self.decide(lambda s: decide_rebuild(s, on_gpu, unhealthy=unhealthy, relearn_ms=RELEARN_MS))
-
-    def still_owner(self, swap: Swap) -> bool:
-        """The runner reads ownership right before each driver command; a swap whose owner
-        was frozen after that read (and thaws now) goes ahead on its stale claim."""
-        if swap.frozen:
-            return True
-        snap = self.snapshot()
-        return snap.epoch == swap.order.epoch and snap.owner == swap.owner
 
     # --- requests -----------------------------------------------------------------------
 
@@ -349,7 +494,9 @@ class ControllerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.leases)
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        lease_id = data.draw(st.sampled_from(sorted(self.leases)))
+        self.release_lease(data.draw(st.sampled_from(sorted(self.leases))))
+
+    def release_lease(self, lease_id: str) -> None:
         held = self.leases.pop(lease_id)
         released = self.run(self.store.release(held.member, lease_id))
         assert released.removed or held.forgotten or held.member in self.revoked
@@ -382,91 +529,43 @@ class ControllerMachine(RuleBasedStateMachine):
             return
         self.decide_busy(lambda s, busy: decide_tick(s, self.policy, controller, slots_busy=busy))
 
-    @precondition(lambda self: self.swaps)
+    @precondition(lambda self: self.driver.pending)
     @rule(data=st.data())
     def step_swap(self, data: st.DataObject) -> None:
-        swap = data.draw(st.sampled_from(self.swaps))
-        self.step(swap)
+        """A driver command ends: the runner that sent it takes its next steps."""
+        self.step(data.draw(st.sampled_from(self.driver.pending)))
 
-    def step(self, swap: Swap) -> None:  # noqa: PLR0911 - one return per way a step ends
-        """One step of the swap runner (a frozen owner thaws and takes its next step)."""
-        epoch, target = swap.order.epoch, swap.order.target
-        self.gpu.serving = self.serving()
-        owner = self.still_owner(swap)
-        swap.frozen = False
-        if swap.stage in {0, 2} and not owner:
-            self.swaps.remove(swap)
-            return
-        if swap.stage == 0:
-            if not self.gpu.unload_others(target, epoch):
-                self.swaps.remove(swap)
-                return
-        elif swap.stage == 1:
-            snap = self.snapshot()
-            unwanted = target and not snap.forced and snap.live_waiters(target) == 0
-            if snap.phase != Phase.LOADING and unwanted:
-                # No demand: the runner unloads a possibly half-loaded target first.
-                if snap.epoch != epoch or snap.owner != swap.owner:
-                    self.swaps.remove(swap)
-                    return
-                if not self.gpu.unload_others("", epoch):
-                    self.swaps.remove(swap)
-                    return
-            lost = False
+    def step(self, command: Command) -> None:
+        self.driver.open(command)
+        self.settle()
 
-            def begin(s: PoolSnapshot) -> Decision:
-                nonlocal lost
-                d = decide_begin_load(s, epoch, swap.owner)
-                lost = d is None
-                return d or NOTHING
+    @precondition(lambda self: self.driver.pending)
+    @rule()
+    def swaps_run_to_end(self) -> None:
+        """Every driver command ends, in order, until no swap is left (a swap takes three
+        commands here: random steps alone would reach a warm pool only now and then)."""
+        while self.driver.pending:
+            self.step(self.driver.pending[0])
 
-            decision = self.decide(begin)
-            if lost or decision.audit:
-                self.swaps.remove(swap)
-                return
-        elif swap.stage == 2:
-            if target and not self.gpu.load(target, epoch):
-                self.swaps.remove(swap)
-                return
-        else:
-            self.swaps.remove(swap)
-            self.decide(lambda s: decide_commit(s, epoch, swap.owner) or NOTHING)
-            return
-        swap.stage += 1
-
-    @precondition(lambda self: self.swaps)
+    @precondition(lambda self: self.driver.pending)
     @rule(data=st.data())
     def fail_swap(self, data: st.DataObject) -> None:
-        swap = data.draw(st.sampled_from(self.swaps))
-        self.swaps.remove(swap)
-        snap = self.snapshot()
-        if snap.epoch != swap.order.epoch or snap.owner != swap.owner:
-            return
-        if swap.order.target:
-            self.gpu.serving = self.serving()
-            self.gpu.unload_others("", swap.order.epoch)
-        decision = self.decide(
-            lambda s: decide_fail(s, POLICY, swap.order.epoch, swap.owner, "boom") or NOTHING
-        )
-        if decision.audit and swap.order.target:
-            self.failed.add(swap.order.target)
-        if decision.audit:
-            # A failed swap leaves the pool cold; what its unloads did not reach is still
-            # on the GPU, unknown to the store, until the next swap unloads it.
-            self.zombies |= self.gpu.loaded
+        """A driver command fails (a load that crashes, an unload that cannot confirm)."""
+        self.driver.open(data.draw(st.sampled_from(self.driver.pending)), fail=True)
+        self.settle()
 
     @precondition(lambda self: self.swaps)
     @rule(data=st.data(), frozen=st.booleans())
     def controller_dies(self, data: st.DataObject, frozen: bool) -> None:
-        """The owner vanishes mid-swap (its heartbeat made to lapse); a frozen one comes
-        back later and takes its next step on its old epoch (fenced by the GPU)."""
-        swap = data.draw(st.sampled_from(self.swaps))
-        owned = [s for s in self.swaps if s.owner == swap.owner]
-        if frozen:
-            for other in owned:
-                other.frozen = True
-        else:
-            self.swaps = [s for s in self.swaps if s.owner != swap.owner]
+        """The owner vanishes mid-swap (its heartbeat made to lapse). A frozen one keeps
+        its commands held at their gates: opened later, they act on its old epoch (as a
+        thawed owner's would, past its last ownership check) and meet the GPU's fence."""
+        owner = data.draw(st.sampled_from(self.swaps)).owner
+        if not frozen:
+            for swap in self.swaps:
+                if swap.owner == owner:
+                    swap.task.cancel()
+            self.settle()
         state = self.store.keys.pool_state(POLICY.name)
         self.run(self.redis.hset(state, "heartbeat", "1"))
 
@@ -603,8 +702,8 @@ class ControllerMachine(RuleBasedStateMachine):
             if not self.waiting:
                 return
             self.tick("c1")
-            while self.swaps:
-                self.step(self.swaps[0])
+            while self.driver.pending:
+                self.step(self.driver.pending[0])
             for waiter in list(self.waiting.values()):
                 self._ask(waiter, "c1")
             for lease_id, held in list(self.leases.items()):
@@ -665,7 +764,7 @@ def test_machine_detects_two_residents_and_a_cut() -> None:
         gpu.load("b", 2)
     gpu.serving = {"a"}
     with pytest.raises(AssertionError, match="while it served"):
-        gpu.unload_others("b", 3)
+        gpu.unload("a", 3)
 
 
 def _checked(machine: ControllerMachine) -> None:
@@ -678,9 +777,10 @@ def _checked(machine: ControllerMachine) -> None:
         check()
 
 
-def _settle_swaps(machine: ControllerMachine) -> None:
-    while machine.swaps:
-        machine.step(machine.swaps[0])
+def _settle_swaps(machine: ControllerMachine, *, but: Swap | None = None) -> None:
+    """Let every driver command through (but those of ``but``) until no swap is left."""
+    while held := [c for c in machine.driver.pending if but is None or c.swap != but.key]:
+        machine.step(held[0])
         _checked(machine)
 
 
@@ -732,22 +832,30 @@ def test_known_fault_sequences_keep_the_contract(machine: type[ControllerMachine
         _settle_swaps(m)
         m.acquire("b", wait, "c1", "client-1")
         m.tick("c1")
-        stale = m.swaps[0]
-        stale.frozen = True
+        (stale,) = m.swaps  # held at its first unload: frozen past its ownership check
         m.run(m.redis.hset(m.store.keys.pool_state(POLICY.name), "heartbeat", "1"))
         m.tick("c2")  # takes the swap over under a newer epoch
-        _settle_swaps_but(m, stale)
+        _settle_swaps(m, but=stale)
+        _answer_and_release(m)  # b's request is served
         m.acquire("a", wait, "c2", "client-2")
         m.tick("c2")
-        _settle_swaps_but(m, stale)
-        m.step(stale)  # thaws: its command on the old epoch must change nothing
+        _settle_swaps(m, but=stale)
+        for waiter in list(m.waiting.values()):
+            m._ask(waiter, "c2")  # a is resident now: its waiter gets a lease and streams
+        assert {held.member for held in m.leases.values()} == {"a"}
+        _settle_swaps(m)  # thaws: its unload of a on the old epoch is refused by the fence
+        assert stale.task.done()
+        assert stale.task.result() == "lost"
         _checked(m)
         m.quiesce()
     finally:
         m.teardown()
 
 
-def _settle_swaps_but(machine: ControllerMachine, frozen: Swap) -> None:
-    while [s for s in machine.swaps if s is not frozen]:
-        machine.step(next(s for s in machine.swaps if s is not frozen))
-        _checked(machine)
+def _answer_and_release(machine: ControllerMachine) -> None:
+    """Every waiting request asks again (and is granted, the pool being warm for it), and
+    its stream ends."""
+    for waiter in list(machine.waiting.values()):
+        machine._ask(waiter, "c2")
+    for lease_id in sorted(machine.leases):
+        machine.release_lease(lease_id)
