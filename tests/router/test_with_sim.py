@@ -4,6 +4,7 @@ OpenAI SDK as the client."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 
 import httpx
 import openai
@@ -126,18 +127,21 @@ async def test_client_disconnect_frees_the_sim_slot(sims, start_router):
     ):
         assert response.status_code == 200
         assert response.headers["x-hotseat-backend"] == "small"
-        received = await _until_first_token(response)
+        # Kept referenced: an iterator dropped half-way is finalised by the event loop,
+        # which closes the stream (the client would leave before the check below).
+        lines = response.aiter_lines()
+        received = await _until_first_token(lines)
         # A token arrived, so a slot is generating (99,999 tokens to go at 50 a second).
         assert await _generating(small), received
     # The sim offers no event for a freed slot: poll /slots.
     await eventually(lambda: _idle(small), timeout=20, interval=0.02)
 
 
-async def _until_first_token(response: httpx.Response) -> list[str]:
+async def _until_first_token(lines: AsyncIterator[str]) -> list[str]:
     """The SSE lines read up to the first one that carries generated text (the assertion
     shows them all if the stream ends first)."""
     received: list[str] = []
-    async for line in response.aiter_lines():
+    async for line in lines:
         received.append(line)
         if line.startswith("data: {"):
             delta = json.loads(line.removeprefix("data: "))["choices"][0]["delta"]
