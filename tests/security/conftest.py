@@ -123,7 +123,7 @@ RECORDED_LIMITS = {
     "HOTSEAT_HEADER_TIMEOUT": "1",
     "HOTSEAT_BODY_TIMEOUT": "1",
     "HOTSEAT_BODY_BUDGET_BYTES": "8192",
-    "HOTSEAT_MAX_JSON_DEPTH": "254",
+    "HOTSEAT_MAX_JSON_DEPTH": "200",
 }
 """Small limits, the body budget as small as allowed (the largest body, so that one
 request's body always fits), the deepest JSON the router may be set to read."""

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from itertools import accumulate
+from typing import Any
 
-import orjson
+import jiter
 
 from hotseat_router.asgi import Receive
 from hotseat_router.budget import BodyClaim
@@ -58,12 +58,12 @@ async def _read(receive: Receive, limit: int, claim: BodyClaim) -> bytes:
         chunks.append(chunk)
 
 
-MAX_JSON_DEPTH = 254
-"""The deepest document the router accepts at most: orjson writes no deeper (it reads
-1024 levels), and a body is only taken when the router could write it back."""
+MAX_JSON_DEPTH = 200
+"""The deepest document the router accepts at most (the body itself is level 1): its
+parser reads no deeper than 201 levels."""
 
-_DELTA = tuple(1 if c in b"{[" else -1 if c in b"}]" else 0 for c in range(256))
-_NOT_STRUCTURE = bytes(range(256)).translate(None, b"{}[]:")
+_DUPLICATE_KEY = "Detected duplicate key"
+_TOO_DEEP = "recursion limit exceeded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,33 +76,52 @@ class RoutingFields:
 
 def parse_body(body: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> RoutingFields:
     """``model`` and ``stream`` of a JSON object body, refused (400) unless the router and
-    every upstream must read it alike: valid JSON, at most ``max_depth`` levels deep, no
-    key twice in any object."""
+    every upstream must read it alike: strict JSON (UTF-8, no NaN or Infinity, no
+    trailing data), at most ``max_depth`` levels deep, no key twice in any object.
+
+    One pass of a strict parser (jiter) that refuses a repeated key itself; the document
+    it builds lives only for this call, and the call never yields to the event loop, so
+    a process holds at most one such document at a time whatever its concurrency."""
     try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidJson(f"request body is not valid JSON: {exc}") from exc
+        document = jiter.from_json(body, allow_inf_nan=False, catch_duplicate_keys=True)
+    except ValueError as exc:
+        reason = str(exc)
+        if reason.startswith(_DUPLICATE_KEY):
+            # Not the parser's words: they quote the key, which may be of any size.
+            raise InvalidRequest("request body has a duplicate key in an object") from None
+        if reason.startswith(_TOO_DEEP):
+            raise InvalidRequest(f"request body is nested deeper than {max_depth} levels") from None
+        raise InvalidJson(f"request body is not valid JSON: {reason}") from None
     if not isinstance(document, dict):
         raise InvalidJson("request body must be a JSON object")
-    depth, keys = _shape(body)
-    if depth > max_depth:
+    if _deeper_than(document, body, max_depth):
         raise InvalidRequest(f"request body is nested deeper than {max_depth} levels")
-    # The parsed document keeps one value per key; written back, it has as many keys as
-    # the body had only when no object of the body repeated one.
-    if _shape(orjson.dumps(document))[1] != keys:
-        raise InvalidRequest("request body has a duplicate key in an object")
     model = document.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' must be a non-empty string")
     return RoutingFields(model=model, stream=document.get("stream") is True)
 
 
-def _shape(valid_json: bytes) -> tuple[int, int]:
-    """Nesting depth and number of object keys of a valid JSON text, both read from its
-    structure outside strings (brackets and colons), in C-speed byte operations."""
-    # Inside a string every backslash starts an escape: drop escaped backslashes, then
-    # escaped quotes, and every quote left opens or closes a string.
-    unescaped = valid_json.replace(b"\\\\", b"").replace(b'\\"', b"")
-    outside = b"".join(unescaped.split(b'"')[::2]).translate(None, _NOT_STRUCTURE)
-    depth = max(accumulate(map(_DELTA.__getitem__, outside)), default=0)
-    return depth, outside.count(b":")
+def _deeper_than(document: dict[str, Any], body: bytes, limit: int) -> bool:
+    """True when ``document`` (level 1) holds a container below level ``limit``.
+
+    Each level needs an opening bracket, so a body with no more of them than ``limit``
+    cannot be too deep (a count at C speed, the common case); else the containers are
+    walked a level at a time, without recursion."""
+    if body.count(b"{") + body.count(b"[") <= limit:
+        return False
+    nodes: list[Any] = [document]
+    level = 1
+    while nodes:
+        if level > limit:
+            return True
+        deeper: list[Any] = []
+        add = deeper.append
+        for node in nodes:
+            for child in node.values() if type(node) is dict else node:
+                kind = type(child)
+                if kind is dict or kind is list:
+                    add(child)
+        nodes = deeper
+        level += 1
+    return False
