@@ -47,9 +47,10 @@ def assert_refused(response: httpx.Response, code: str) -> None:
 async def test_a_body_nested_too_deep_is_refused_before_any_lease(
     pooled, client, depth: int
 ) -> None:
-    """A body one level past the depth limit, or as deep as the parser reads but the
-    encoder cannot write (300, 1000 levels), gets 400 before the pool is asked for a
-    lease (no acquire, so no swap) and reaches no upstream; at the limit it is served."""
+    """A body one level past the depth limit, or past what the parser reads at all (300,
+    1000 levels: such a body once swapped the pool and then failed with 500), gets 400
+    before the pool is asked for a lease (no acquire, so no swap) and reaches no
+    upstream; at the limit it is served."""
     router, activation, a = pooled
     response = await client.post(router.url + CHAT, content=nested(depth), headers=JSON)
     assert activation.acquires == []
@@ -103,3 +104,21 @@ async def test_a_rename_changes_only_the_model_bytes(pooled, client) -> None:
     assert response.status_code == 200, response.text
     assert response.headers["x-hotseat-backend"] == "a"
     assert a.requests[-1].body == (template % '"qwen2.5-3b"').encode()
+
+
+async def test_a_large_body_is_forwarded_exactly_with_its_length(pooled, client) -> None:
+    """A body of several MiB (sent upstream a slice at a time, renamed without a copy)
+    reaches the upstream byte for byte with the model replaced, framed by its
+    Content-Length (never re-chunked)."""
+    router, _, a = pooled
+    content = "".join(f'line {i}: caf\u00e9 \\"{i}\\"\\n' for i in range(200_000))
+    template = '{"messages": [{"role": "user", "content": "%s"}], "model": %s, "n": 1.50}'
+    body = (template % (content, '"m"')).encode()
+    assert len(body) > 4 * 1024 * 1024
+    response = await client.post(router.url + CHAT, content=body, headers=JSON)
+    assert response.status_code == 200, response.text
+    received = a.requests[-1]
+    expected = (template % (content, '"qwen2.5-3b"')).encode()
+    assert received.body == expected
+    assert received.header("content-length") == str(len(expected))
+    assert received.header("transfer-encoding") is None

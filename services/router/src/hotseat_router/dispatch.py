@@ -48,7 +48,7 @@ from hotseat_router.headers import upstream_request_headers
 from hotseat_router.health import Failure, PassiveHealth
 from hotseat_router.matching import Route
 from hotseat_router.rewrite import ModelSlot, with_model
-from hotseat_router.upstream import UpstreamClient, UpstreamConnectError, UpstreamResponse
+from hotseat_router.upstream import Body, UpstreamClient, UpstreamConnectError, UpstreamResponse
 
 log = get_logger(__name__)
 
@@ -236,7 +236,7 @@ class Dispatcher:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DeadlineExceeded("the request deadline passed before a backend answered")
-        body = out.body
+        body: Body = out.body
         if backend.model is not None and backend.model != out.fields.model:
             assert out.model_slot is not None  # noqa: S101 - found by the admission
             body = with_model(out.body, out.model_slot, backend.model)

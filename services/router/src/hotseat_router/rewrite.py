@@ -43,8 +43,11 @@ def locate_model(body: bytes) -> ModelSlot:
         at = _skip(text, at) + 1  # past ","
 
 
-def with_model(body: bytes, slot: ModelSlot, model: str) -> bytes:
-    return body[: slot.start] + orjson.dumps(model) + body[slot.end :]
+def with_model(body: bytes, slot: ModelSlot, model: str) -> tuple[bytes | memoryview, ...]:
+    """The renamed body as pieces to send one after the other: views of the client's
+    bytes around the new value, so a large body is never copied to be renamed."""
+    view = memoryview(body)
+    return (view[: slot.start], orjson.dumps(model), view[slot.end :])
 
 
 def _skip(text: str, at: int) -> int:

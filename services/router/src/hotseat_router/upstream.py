@@ -9,10 +9,47 @@ Every aiohttp exception is translated here, at this one boundary, into
 from __future__ import annotations
 
 import aiohttp
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.payload import Payload
 from yarl import URL
 
 SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 """Send only what the client sent: no headers of aiohttp's own choosing."""
+
+
+Body = bytes | tuple[bytes | memoryview, ...]
+"""A request body: its bytes, or pieces sent one after the other (a renamed body)."""
+
+WRITE_SLICE = 256 * 1024
+"""A body larger than this is written a slice at a time, each once the previous one is
+on its way: the connection's send buffer then holds at most about a slice, never a copy
+of the whole body (asyncio keeps what a socket did not take at once)."""
+
+
+class _SlicedBody(Payload):
+    """A body written as views of the caller's buffers, a slice at a time."""
+
+    def __init__(self, pieces: tuple[bytes | memoryview, ...]) -> None:
+        super().__init__(pieces)
+        self._pieces = pieces
+        self._size = sum(len(piece) for piece in pieces)
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        for piece in self._pieces:
+            view = memoryview(piece)
+            for start in range(0, len(view), WRITE_SLICE):
+                await writer.write(view[start : start + WRITE_SLICE])
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return b"".join(self._pieces).decode(encoding, errors)
+
+
+def _payload(body: Body) -> bytes | _SlicedBody:
+    if isinstance(body, bytes):
+        return body if len(body) <= WRITE_SLICE else _SlicedBody((body,))
+    if sum(len(piece) for piece in body) <= WRITE_SLICE:
+        return b"".join(body)
+    return _SlicedBody(body)
 
 
 class UpstreamConnectError(Exception):
@@ -81,7 +118,7 @@ class UpstreamClient:
         )
 
     async def send(
-        self, url: str, *, headers: list[tuple[str, str]], body: bytes
+        self, url: str, *, headers: list[tuple[str, str]], body: Body
     ) -> UpstreamResponse:
         """POST ``body`` to ``url`` as it is written (the client's query string, already
         percent-encoded, is not encoded a second time) and return once the response
@@ -92,7 +129,7 @@ class UpstreamClient:
         for retry in (True, False):
             try:
                 response = await self._session.post(
-                    target, data=body, headers=headers, allow_redirects=False
+                    target, data=_payload(body), headers=headers, allow_redirects=False
                 )
             except aiohttp.ServerDisconnectedError as exc:
                 if retry:
