@@ -58,6 +58,7 @@ from hotseat_router.errors import (
 from hotseat_router.headers import REQUEST_ID_B, request_id_of
 from hotseat_router.health import HealthPolicy, PassiveHealth
 from hotseat_router.matching import Matcher
+from hotseat_router.memory import return_large_blocks_to_the_os
 from hotseat_router.openapi import router_openapi
 from hotseat_router.proxy import PROXY_PATHS, ProxyEndpoint
 from hotseat_router.settings import RouterSettings, router_name
@@ -414,4 +415,5 @@ def app_from_env() -> RouterApp:
     )
     if settings.config is None:
         raise SystemExit("HOTSEAT_CONFIG is not set")
+    return_large_blocks_to_the_os()  # each worker is a process of its own
     return create_app(settings, load_config(settings.config))

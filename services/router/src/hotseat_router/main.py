@@ -15,6 +15,7 @@ from hotseat_common.service import run_app
 from hotseat_common.settings import load_settings
 from hotseat_router.app import create_app
 from hotseat_router.connection import LimitedHttpProtocol
+from hotseat_router.memory import return_large_blocks_to_the_os
 from hotseat_router.settings import RouterSettings, connection_limits
 
 EXIT_CONFIG = 2
@@ -59,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_CONFIG
     http = partial(LimitedHttpProtocol, limits=connection_limits(settings))
+    return_large_blocks_to_the_os()
     if settings.workers > 1:
         os.environ.update(_as_env(settings))
         run_app(
