@@ -19,7 +19,7 @@ from tests.security.conftest import (
     UPSTREAM_KEY,
     SecureRouter,
 )
-from tests.security.rawhttp import answer_of, connect, head, status_of
+from tests.security.rawhttp import ANSWER_WAIT_S, answer_of, connect, head, header, status_of
 from tests.support.stack import Stack, pool_stack_config
 
 V1_CALLS = [
@@ -87,7 +87,9 @@ async def test_oversized_content_length_is_refused_before_the_body(
     secure_router: SecureRouter,
 ) -> None:
     """A declared Content-Length over maxBodyBytes gets 413 while not one body byte has
-    been sent: nothing is buffered, and nothing reaches an upstream."""
+    been sent: nothing is buffered, nothing reaches an upstream, and the connection is
+    closed (the router would otherwise have to read the body it refused, to find the
+    next request)."""
     reader, writer = await connect(secure_router.url)
     writer.write(
         head(
@@ -101,7 +103,9 @@ async def test_oversized_content_length_is_refused_before_the_body(
         )
     )
     await writer.drain()
-    status, _ = await status_of(reader)
+    status, answer_head, _ = await answer_of(reader)
+    assert header(answer_head, b"connection") == b"close"
+    assert await asyncio.wait_for(reader.read(), ANSWER_WAIT_S) == b""  # closed by the router
     writer.close()
     assert status == 413
     assert secure_router.echo.requests == []

@@ -138,7 +138,7 @@ ERROR_TABLE: dict[ErrorCode, ErrorSpec] = {
     ErrorCode.INVALID_JSON: ErrorSpec(400, "invalid_request_error", _REJECTED),
     ErrorCode.INVALID_REQUEST: ErrorSpec(400, "invalid_request_error", _REJECTED),
     ErrorCode.INVALID_API_KEY: ErrorSpec(401, "invalid_request_error", _REJECTED),
-    ErrorCode.REQUEST_TOO_LARGE: ErrorSpec(413, "invalid_request_error", _REJECTED),
+    ErrorCode.REQUEST_TOO_LARGE: ErrorSpec(413, "invalid_request_error", _REJECTED, close=True),
     ErrorCode.REQUEST_HEADERS_TOO_LARGE: ErrorSpec(
         431, "invalid_request_error", _REJECTED, close=True
     ),
