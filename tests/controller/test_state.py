@@ -316,7 +316,7 @@ def test_tick_cancels_a_pending_swap_whose_demand_left() -> None:
     assert d.swap is None
     assert [a.outcome for a in d.audit] == [PoolOutcome.SWAP_CANCELLED]
     fields = next(op for op in d.ops if isinstance(op, SetState)).fields
-    assert fields == {"phase": "idle", "target": ""}
+    assert fields == {"phase": "idle", "target": "", "closed": ""}
     assert "resident" not in fields
     assert d.pre.zero_waiters == ("coder",)
 

@@ -8,6 +8,7 @@
     └── ActivationError             activation_error        the pool could not give a lease
         ├── IncumbentBusy           pool_incumbent_busy     IfIdle and the incumbent serves
         ├── ActivationTimeout       pool_activation_timeout the swap budget elapsed
+        │   └── EtaOverBudget       eta_over_budget         it could not be served in time
         ├── QueueFull               pool_queue_full         maxWaiters reached
         ├── SwapFailed              swap_failed             the load failed or timed out
         ├── UnknownPool             unknown_pool
@@ -34,6 +35,9 @@ class ErrorCode(StrEnum):
     ACTIVATION_ERROR = "activation_error"
     POOL_INCUMBENT_BUSY = "pool_incumbent_busy"
     POOL_ACTIVATION_TIMEOUT = "pool_activation_timeout"
+    ETA_OVER_BUDGET = "eta_over_budget"
+    """Refused at once: the earliest the member can be served is past the request's hold
+    (answered as ``pool_activation_timeout``, with this as its reason)."""
     POOL_QUEUE_FULL = "pool_queue_full"
     SWAP_FAILED = "swap_failed"
     UNKNOWN_POOL = "unknown_pool"
@@ -102,6 +106,14 @@ class ActivationTimeout(ActivationError):
     code = ErrorCode.POOL_ACTIVATION_TIMEOUT
 
 
+class EtaOverBudget(ActivationTimeout):
+    """The pool cannot serve the request within what is left of its hold: refused at once
+    rather than held to its end (an activation timeout whose reason says so)."""
+
+    wire_code = ErrorCode.ETA_OVER_BUDGET
+    reason = ErrorCode.ETA_OVER_BUDGET.value
+
+
 class QueueFull(ActivationError):
     code = ErrorCode.POOL_QUEUE_FULL
 
@@ -119,10 +131,11 @@ class ControllerUnavailable(ActivationError):
 
 
 ACTIVATION_ERRORS: dict[ErrorCode, type[ActivationError]] = {
-    cls.code: cls
+    getattr(cls, "wire_code", cls.code): cls
     for cls in (
         IncumbentBusy,
         ActivationTimeout,
+        EtaOverBudget,
         QueueFull,
         SwapFailed,
         UnknownPool,

@@ -38,6 +38,16 @@ class Keys:
         """ZSET attempt -> deadline (ms, Redis clock) of requests held for ``member``."""
         return f"{self._pool(pool)}:waiters:{member}"
 
+    def pool_waiter_urgency(self, pool: str, member: str) -> str:
+        """ZSET attempt -> virtual arrival (ms, Redis clock: when the request arrived,
+        moved earlier by its priority) of requests held for ``member``; the same attempts
+        as :meth:`pool_waiters`, ordered by who goes first."""
+        return f"{self._pool(pool)}:urgency:{member}"
+
+    def pool_member_swap_times(self, pool: str, member: str) -> str:
+        """LIST of recent durations (seconds) of swaps to ``member``, newest first."""
+        return f"{self._pool(pool)}:swap-times:{member}"
+
     def pool_swap_times(self, pool: str) -> str:
         """LIST of recent swap durations (seconds), newest first."""
         return f"{self._pool(pool)}:swap-times"

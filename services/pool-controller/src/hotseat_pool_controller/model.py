@@ -54,9 +54,30 @@ class PoolPolicy:
     waiter_grace_ms: int = 5000
     """After a swap, the new resident's waiters count as busy this long (they are re-asking
     right now); later, a waiter left behind by a dead router no longer pins the resident."""
+    max_wait_ms: int | None = None
+    """Once another member's most urgent waiter has waited this long, the resident takes
+    no new lease (docs/adr/0006); ``None``: sticky residency, nothing closes."""
+    min_residency_ms: int | None = None
+    """How long a resident stays before it may be closed for another member; ``None``:
+    twice the pool's mean measured swap time, at least one second."""
+    priority_aging_ms: int = 10_000
+    """A waiter of priority ``p`` ranks as if it had waited ``p`` times this much longer."""
+    thrash_window_ms: int = 60_000
+    """A swap back to the previous resident sooner than this after the last commit is a
+    swap back (counted, audited)."""
+    idle_unload_ms: Mapping[str, int] = field(default_factory=dict)
+    """member -> how long it may stay resident with nothing to do (absent: for ever)."""
 
     @classmethod
     def from_config(cls, pool: Pool, *, heartbeat_ttl_s: float = 3.0) -> PoolPolicy:
+        def ms(seconds: float | None) -> int | None:
+            return None if seconds is None else int(seconds * 1000)
+
+        idle: dict[str, int] = {}
+        for member in pool.members:
+            after = member.idle_unload_after or pool.idle_unload_after
+            if after is not None:
+                idle[member.name] = int(after * 1000)
         return cls(
             name=pool.name,
             members=tuple(m.name for m in pool.members),
@@ -67,6 +88,11 @@ class PoolPolicy:
             busy_signal=pool.busy_signal,
             default=pool.default,
             heartbeat_ttl_ms=int(heartbeat_ttl_s * 1000),
+            max_wait_ms=ms(pool.max_wait),
+            min_residency_ms=ms(pool.min_residency),
+            priority_aging_ms=int(pool.priority_aging * 1000),
+            thrash_window_ms=int(pool.thrash_window * 1000),
+            idle_unload_ms=idle,
         )
 
 
@@ -106,11 +132,21 @@ class PoolSnapshot:
     relearn_ms: int = 0
     """Until then (Redis clock) the resident counts as busy: the store lost its leases and
     routers are renewing them back (docs/adr/0005)."""
+    closed: bool = False
+    """The resident takes no new lease: another member waited ``maxWait`` (docs/adr/0006)."""
+    previous: str | None = None
+    """The member resident before the current one."""
+    released_ms: int = 0
+    """When the resident's last lease was released (Redis clock; 0: never)."""
     leases: Mapping[str, int] = field(default_factory=dict)
     waiters: Mapping[str, int] = field(default_factory=dict)
     failures: Mapping[str, int] = field(default_factory=dict)
     """member -> milliseconds left of its swap-failure backoff."""
     swap_times: tuple[float, ...] = ()
+    urgency: Mapping[str, int] = field(default_factory=dict)
+    """member -> virtual arrival (Redis clock) of its most urgent live waiter."""
+    member_swap_times: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    """member -> recent durations of swaps to it, newest first."""
     attempt_lease: AttemptLease | None = None
     attempt_waiting: bool = False
     """The asking attempt is one of the pool's live waiters already."""
@@ -167,6 +203,9 @@ class AddWaiter:
     member: str
     attempt: str
     deadline_ms: int
+    urgency_ms: int = 0
+    """Its virtual arrival: when it arrived, moved earlier by its priority (kept when the
+    same attempt asks again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +229,8 @@ class SetFailure:
 @dataclass(frozen=True, slots=True)
 class RecordSwapTime:
     seconds: float
+    member: str | None = None
+    """The member the swap loaded (its own list too); ``None``: an unload only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +342,9 @@ class AcquireAsk:
     """When the router stops holding the request (Redis clock)."""
     lease_id: str
     """A fresh id the decision may use if it grants."""
+    priority: int = 0
+    now_ms: int = 0
+    """When the question arrived (Redis clock)."""
 
     @classmethod
     def of(cls, request: AcquireRequest, *, now_ms: int, lease_id: str) -> AcquireAsk:
@@ -314,4 +358,10 @@ class AcquireAsk:
             router=request.router,
             deadline_ms=now_ms + int(request.hold_s * 1000),
             lease_id=lease_id,
+            priority=request.priority or 0,
+            now_ms=now_ms,
         )
+
+    def urgency_ms(self, policy: PoolPolicy) -> int:
+        """Its virtual arrival: now, moved earlier by its priority (docs/adr/0006)."""
+        return self.now_ms - self.priority * policy.priority_aging_ms

@@ -280,6 +280,8 @@ class PoolMember(_Model):
     """How to load and unload the member (required when ``driver.kind: http``)."""
     kubernetes: KubernetesMember | None = None
     """The member's workload (required when ``driver.kind: kubernetes``)."""
+    idle_unload_after: PositiveDuration | None = None
+    """This member's own ``idleUnloadAfter`` (unset: the pool's)."""
 
 
 class Pool(_Model):
@@ -301,6 +303,23 @@ class Pool(_Model):
     """How long a lease lives without renewal; a dead router's lease expires after it."""
     swap_failure_backoff: Duration = 5.0
     """After a failed swap, acquires for that member fail fast for this long."""
+    max_wait: PositiveDuration | None = None
+    """Once a request for another member has waited this long, new requests for the busy
+    resident wait behind it, so the resident drains and the pool swaps (unset: the
+    resident keeps the GPU while it has demand)."""
+    min_residency: Duration | None = None
+    """How long a new resident stays before ``maxWait`` may close it for another member
+    (unset: twice the pool's mean measured swap time, at least 1s); an idle resident is
+    swapped at once whatever its age."""
+    priority_aging: PositiveDuration = 10.0
+    """A waiting request of priority ``p`` ranks as if it had waited ``p`` times this much
+    longer, so a low priority request moves up one level for every such span it waits."""
+    thrash_window: Duration = 60.0
+    """A swap back to the member resident before the current one, sooner than this after
+    the current one came in, is counted and audited as a swap back."""
+    idle_unload_after: PositiveDuration | None = None
+    """Unload a resident that served nothing for this long, or load the ``default`` member
+    in its place (unset: never); a member's own setting overrides it."""
     driver: Driver = SimDriver(kind="sim")
     """How members are loaded and unloaded, chosen by ``kind``."""
     members: tuple[PoolMember, ...] = Field(min_length=1)
@@ -327,6 +346,19 @@ class RuleRoute(_Model):
     for the swap, or ``IfIdle``: skip to the next backend."""
 
 
+PRIORITY_HEADER = "x-hotseat-priority"
+MAX_PRIORITY = 1000
+
+
+class PriorityHeader(_Model):
+    """Whether a request may set its own priority with ``x-hotseat-priority``."""
+
+    allow: bool = False
+    """Read the header (unset or false: it is ignored)."""
+    max: int = Field(default=10, ge=0, le=MAX_PRIORITY, strict=True)
+    """The highest priority a request may ask for; a higher value is lowered to it."""
+
+
 class Rule(_Model):
     name: Name
     """Unique rule name."""
@@ -336,6 +368,15 @@ class Rule(_Model):
     """Where those requests go."""
     timeout: PositiveDuration | None = None
     """Per-attempt timeout for this rule's requests (optional)."""
+    priority: int = Field(default=0, ge=0, le=MAX_PRIORITY, strict=True)
+    """How urgent this rule's held requests are: a higher one is swapped in first (see
+    the pool's ``priorityAging``)."""
+    priority_header: PriorityHeader = PriorityHeader()
+    """Whether the ``x-hotseat-priority`` request header may raise (or lower) it."""
+    hold_keep_alive: PositiveDuration | None = None
+    """While a streaming request is held for its pool, send its response headers and an
+    SSE comment line at this interval, which OpenAI clients ignore (unset: nothing is sent
+    until the backend answers)."""
 
 
 class HotseatConfig(_Model):

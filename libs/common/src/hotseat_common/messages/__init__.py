@@ -21,6 +21,7 @@ from hotseat_common.messages.audit import (
     AuditEvent,
     PoolOutcome,
     RequestOutcome,
+    SwapReason,
     pool_event,
     request_event,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "RenewReply",
     "RenewRequest",
     "RequestOutcome",
+    "SwapReason",
     "WaitReason",
     "WaitReply",
     "WireModel",

@@ -37,6 +37,9 @@ class WaitReason(StrEnum):
     RECOVERING = "recovering"
     """The resident stopped answering its health checks while it still serves; the request
     waits until it answers again or is replaced."""
+    CLOSED = "closed"
+    """The request's member is resident but closed to new requests: another member's
+    request waited the pool's ``maxWait``; this one waits for the swap back."""
 
 
 class AcquireRequest(WireModel):
@@ -51,6 +54,8 @@ class AcquireRequest(WireModel):
     router: str
     hold_s: float = Field(ge=0)
     """How much longer the router holds this request, from when this question leaves it."""
+    priority: int | None = Field(default=None, ge=0)
+    """How urgent the request is (its rule's, or its allowed header's); unset: 0."""
 
 
 class Granted(WireModel):
@@ -72,6 +77,10 @@ class WaitReply(WireModel):
     target: str | None = None
     epoch: int
     retry_after_s: float
+    position: int | None = None
+    """The request's place in line: 1 when the next swap is its member's."""
+    eta_s: float | None = None
+    """The earliest it can be served, from measured swap times (a lower bound)."""
 
 
 class ErrorReply(WireModel):

@@ -43,6 +43,23 @@ class PoolOutcome(StrEnum):
     RESIDENT_LOST = "resident_lost"
 
 
+class SwapReason(StrEnum):
+    """Why a swap started: the ``reason`` of its ``swap_started`` event."""
+
+    DEMAND = "demand"
+    """Requests wait for the target."""
+    SWAP_BACK = "swap_back"
+    """Demand for the member resident before the current one, soon after the current one
+    came in (the pool's ``thrashWindow``): the pool goes back and forth."""
+    ADMIN = "admin"
+    ADMIN_UNLOAD = "admin_unload"
+    WARM_DEFAULT = "warm_default"
+    IDLE_UNLOAD = "idle_unload"
+    """The resident served nothing for its ``idleUnloadAfter``; the pool stays cold."""
+    RETURN_TO_DEFAULT = "return_to_default"
+    """The resident served nothing for its ``idleUnloadAfter``; the default comes back."""
+
+
 _OUTCOME_VALUES = {
     "request": frozenset(o.value for o in RequestOutcome),
     "pool": frozenset(o.value for o in PoolOutcome),

@@ -5,16 +5,25 @@ from __future__ import annotations
 
 from hotseat_common.config.model import PoolActivation
 from hotseat_common.errors import ErrorCode
-from hotseat_common.messages import ErrorReply, Granted, IncumbentBusyReply, WaitReason, WaitReply
+from hotseat_common.messages import (
+    ErrorReply,
+    Granted,
+    IncumbentBusyReply,
+    SwapReason,
+    WaitReason,
+    WaitReply,
+)
 from hotseat_pool_controller.decisions.busy import incumbent_busy, needs_slots
 from hotseat_pool_controller.decisions.hold import (
     MIN_RETRY_AFTER_S,
     hold,
+    over_budget,
     queue_full,
     retry_after_s,
     waiter_cap,
     withdraw,
 )
+from hotseat_pool_controller.decisions.schedule import closing_for
 from hotseat_pool_controller.decisions.start import start_swap
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
@@ -96,12 +105,21 @@ def _before_residency(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy) -
 def _for_resident(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy) -> Decision:
     """Granted at once (sticky residency), unless the resident stopped answering while it
     serves: IfIdle goes elsewhere at once, Wait holds until it answers again or is
-    replaced (never dispatched to a member in doubt)."""
-    if not snap.unhealthy:
-        return _grant(snap, ask, policy)
-    if ask.mode == PoolActivation.IF_IDLE:
-        return _busy(snap, ask)
-    return hold(snap, ask, policy, WaitReason.RECOVERING, target=ask.member)
+    replaced (never dispatched to a member in doubt); or unless it is closed to new
+    requests (another member waited ``maxWait``, docs/adr/0006): IfIdle goes elsewhere,
+    Wait holds for the swap back (the request closes it when it is the first to see that
+    the time has come)."""
+    closing = closing_for(snap, policy)
+    if snap.unhealthy or snap.closed or closing is not None:
+        if ask.mode == PoolActivation.IF_IDLE:
+            return _busy(snap, ask)
+        if snap.unhealthy:
+            return hold(snap, ask, policy, WaitReason.RECOVERING, target=ask.member)
+        also: tuple[Op, ...] = ()
+        if closing is not None:
+            also = (set_state(phase=Phase.DRAINING, target=closing, closed=True),)
+        return hold(snap, ask, policy, WaitReason.CLOSED, target=closing or snap.target, also=also)
+    return _grant(snap, ask, policy)
 
 
 def _while_in_flight(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy) -> Decision:
@@ -140,15 +158,17 @@ def _swap_now(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy, controlle
     target = ask.member
     if snap.phase == Phase.DRAINING and snap.target and snap.live_waiters(snap.target) > 0:
         target = snap.target
-    start = start_swap(snap, policy, controller, target, reason="demand")
+    start = start_swap(snap, policy, controller, target, reason=SwapReason.DEMAND)
     if target != ask.member and ask.mode == PoolActivation.IF_IDLE:
         # The drained GPU goes to the requests that waited for it; an IfIdle request for
         # another member starts that swap but is not held through it only to be skipped.
         busy = IncumbentBusyReply(resident=snap.resident, retry_after_s=retry_after_s(snap))
         return start.decision(busy, also=withdraw(snap, ask))
+    if target == ask.member and (late := over_budget(snap, ask, policy)) is not None:
+        return late
     return start.decision(
         start.wait_reply(snap),
-        also=(AddWaiter(ask.member, ask.attempt, ask.deadline_ms),),
+        also=(AddWaiter(ask.member, ask.attempt, ask.deadline_ms, ask.urgency_ms(policy)),),
         pre=waiter_cap(snap, policy, start.guard),
     )
 

@@ -5,7 +5,7 @@ runs or the incumbent serves (live leases, or busy ``/slots`` under
 from __future__ import annotations
 
 from hotseat_common.errors import ErrorCode
-from hotseat_common.messages import ErrorReply, WaitReason, WaitReply
+from hotseat_common.messages import ErrorReply, SwapReason, WaitReason, WaitReply
 from hotseat_pool_controller.decisions.busy import needs_slots
 from hotseat_pool_controller.decisions.start import start_swap
 from hotseat_pool_controller.model import (
@@ -38,7 +38,9 @@ def decide_admin_swap(
                 reason=WaitReason.SWAP_IN_FLIGHT, target=None, epoch=snap.epoch, retry_after_s=0
             )
         )
-    return _start(snap, policy, controller, target=member, reason="admin", slots_busy=slots_busy)
+    return _start(
+        snap, policy, controller, target=member, reason=SwapReason.ADMIN, slots_busy=slots_busy
+    )
 
 
 def decide_admin_unload(
@@ -48,7 +50,7 @@ def decide_admin_unload(
     if (refused := _in_flight(snap)) is not None:
         return refused
     return _start(
-        snap, policy, controller, target=None, reason="admin_unload", slots_busy=slots_busy
+        snap, policy, controller, target=None, reason=SwapReason.ADMIN_UNLOAD, slots_busy=slots_busy
     )
 
 
@@ -66,7 +68,7 @@ def _start(
     controller: str,
     *,
     target: str | None,
-    reason: str,
+    reason: SwapReason,
     slots_busy: bool | None,
 ) -> Decision:
     refused = _refusal(snap, policy, slots_busy)

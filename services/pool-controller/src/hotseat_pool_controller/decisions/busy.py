@@ -13,7 +13,11 @@ def incumbent_busy(snap: PoolSnapshot, policy: PoolPolicy, slots_busy: bool | No
         return False
     return (
         snap.serving(snap.resident)
-        or (snap.live_waiters(snap.resident) > 0 and just_committed(snap, policy))
+        or (
+            snap.live_waiters(snap.resident) > 0
+            and just_committed(snap, policy)
+            and not snap.closed  # held because it is closed: they wait for a swap back
+        )
         or slots_busy is True
     )
 

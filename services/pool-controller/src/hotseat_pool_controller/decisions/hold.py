@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from hotseat_common.errors import ErrorCode
 from hotseat_common.messages import ErrorReply, WaitReason, WaitReply
+from hotseat_pool_controller.decisions.schedule import eta_s, retry_after_for
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
     AcquireAsk,
@@ -67,6 +68,25 @@ def waiter_cap(snap: PoolSnapshot, policy: PoolPolicy, pre: Preconditions) -> Pr
     return replace(pre, waiter_cap=policy.max_waiters, over_cap=refusal)
 
 
+def over_budget(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy) -> Decision | None:
+    """The refusal of a request the pool cannot serve within what is left of its hold (the
+    earliest it could be served, from measured swap times, is later): answered at once,
+    not held to its end (docs/adr/0006); ``None`` when it may wait."""
+    eta, _ = eta_s(snap, ask.member, ask.urgency_ms(policy))
+    left = (ask.deadline_ms - snap.now_ms) / 1000
+    if eta <= left:
+        return None
+    return Decision(
+        reply=ErrorReply(
+            code=ErrorCode.ETA_OVER_BUDGET,
+            message=f"{ask.member} can be served in {eta:.1f}s at the earliest; the request"
+            f" is held for {max(0.0, left):.1f}s more",
+            retry_after_s=retry_after_for(eta),
+        ),
+        ops=withdraw(snap, ask),
+    )
+
+
 def hold(
     snap: PoolSnapshot,
     ask: AcquireAsk,
@@ -76,15 +96,25 @@ def hold(
     target: str | None,
     also: tuple[Op, ...] = (),
 ) -> Decision:
-    """Make the request a waiter for its member (unless the queue is full): ``reason``
-    says why, ``also`` are the writes that come with it."""
+    """Make the request a waiter for its member (unless the queue is full, or the pool
+    cannot serve it before its hold ends): ``reason`` says why, ``also`` are the writes
+    that come with it."""
     if (full := queue_full(snap, policy)) is not None:
         return Decision(reply=full)
+    if (late := over_budget(snap, ask, policy)) is not None:
+        return late
+    urgency = ask.urgency_ms(policy)
+    eta, place = eta_s(snap, ask.member, urgency)
     return Decision(
         reply=WaitReply(
-            reason=reason, target=target, epoch=snap.epoch, retry_after_s=retry_after_s(snap)
+            reason=reason,
+            target=target,
+            epoch=snap.epoch,
+            retry_after_s=retry_after_s(snap),
+            position=place,
+            eta_s=round(eta, 3),
         ),
-        ops=(AddWaiter(ask.member, ask.attempt, ask.deadline_ms), *also),
+        ops=(AddWaiter(ask.member, ask.attempt, ask.deadline_ms, urgency), *also),
         pre=waiter_cap(snap, policy, Preconditions(version=snap.version)),
     )
 

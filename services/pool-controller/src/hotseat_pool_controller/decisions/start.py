@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hotseat_common.messages import PoolOutcome, WaitReason, WaitReply
+from hotseat_common.messages import PoolOutcome, SwapReason, WaitReason, WaitReply
 from hotseat_pool_controller.decisions.busy import just_committed
 from hotseat_pool_controller.decisions.hold import retry_after_s
+from hotseat_pool_controller.decisions.schedule import is_swap_back
 from hotseat_pool_controller.model import (
     AuditIntent,
     Decision,
@@ -69,7 +70,7 @@ def start_swap(
     controller: str,
     target: str | None,
     *,
-    reason: str,
+    reason: SwapReason,
     forced: bool = False,
     guard_waiters: bool = True,
 ) -> SwapStart:
@@ -99,7 +100,11 @@ def start_swap(
     # later they are strays (a router that died while held) and the decision ignores
     # them, so the precondition must too: requiring zero would fail every attempt until
     # the stray's deadline, and every decision for the pool would lose all its races.
-    waiter_guard = busy_guard if guard_waiters and just_committed(snap, policy) else ()
+    waiter_guard = (
+        busy_guard if guard_waiters and just_committed(snap, policy) and not snap.closed else ()
+    )
+    if reason == SwapReason.DEMAND and is_swap_back(snap, policy, target):
+        reason = SwapReason.SWAP_BACK
     guard = Preconditions(version=snap.version, zero_leases=busy_guard, zero_waiters=waiter_guard)
     audit = AuditIntent(
         PoolOutcome.SWAP_STARTED,

@@ -70,7 +70,13 @@ def decide_begin_load(snap: PoolSnapshot, epoch: int, controller: str) -> Decisi
 
 def _cold_state() -> SetState:
     return set_state(
-        phase=Phase.IDLE, resident=None, target=None, from_member=None, owner=None, forced=False
+        phase=Phase.IDLE,
+        resident=None,
+        target=None,
+        from_member=None,
+        owner=None,
+        forced=False,
+        closed=False,
     )
 
 
@@ -90,8 +96,10 @@ def decide_commit(snap: PoolSnapshot, epoch: int, controller: str) -> Decision |
                 forced=False,
                 unhealthy=False,
                 committed_ms=snap.now_ms,
+                closed=False,
+                previous=snap.from_member,
             ),
-            RecordSwapTime(seconds),
+            RecordSwapTime(seconds, member=snap.target),
         ),
         pre=_still_owned(epoch, controller),
         audit=(

@@ -1,12 +1,15 @@
 """The supervisor's tick: move a pool forward without a request. Start a drained swap,
-retarget or cancel a drain, take over a swap whose owner went silent, warm the default
-member of a cold pool, recover a resident marked unhealthy once its last lease ends."""
+retarget or cancel a drain, close a resident another member waited ``maxWait`` for,
+take over a swap whose owner went silent, warm the default member of a cold pool, unload
+(or return to the default) a resident idle for its ``idleUnloadAfter``, recover a
+resident marked unhealthy once its last lease ends."""
 
 from __future__ import annotations
 
-from hotseat_common.messages import PoolOutcome
+from hotseat_common.messages import PoolOutcome, SwapReason
 from hotseat_pool_controller.decisions.busy import incumbent_busy, needs_slots
 from hotseat_pool_controller.decisions.recovery import decide_resident_lost
+from hotseat_pool_controller.decisions.schedule import closing_for, idle_unload_due, most_urgent
 from hotseat_pool_controller.decisions.start import next_epoch, start_swap
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
@@ -33,21 +36,38 @@ def decide_tick(
     if snap.unhealthy and snap.resident is not None and not snap.serving(snap.resident):
         # It stopped answering while it served; now that nothing is left on it, recover.
         return decide_resident_lost(snap, snap.resident, "unhealthy, and its last lease ended")
-    demand = _demand(snap, policy)
-    if snap.phase == Phase.DRAINING:
-        if snap.target is None or snap.live_waiters(snap.target) == 0:
-            return _drain_without_demand(snap, demand)
-        demand = snap.target
+    demand = most_urgent(snap, excluding=snap.resident)
+    if snap.phase == Phase.DRAINING and (
+        snap.target is None or snap.live_waiters(snap.target) == 0 or demand != snap.target
+    ):
+        # The drain's target has no waiters left, or another member's are more urgent now.
+        return _retarget(snap, demand)
     if demand is None:
-        return _warm_default(snap, policy, controller)
+        return _without_demand(snap, policy, controller, slots_busy)
     return _toward(snap, policy, controller, demand, slots_busy)
+
+
+def _without_demand(
+    snap: PoolSnapshot, policy: PoolPolicy, controller: str, slots_busy: bool | None
+) -> Decision:
+    """Nobody waits for another member: unload a resident idle too long, warm a cold pool."""
+    if idle_unload_due(snap, policy):
+        return _idle_unload(snap, policy, controller, slots_busy)
+    return _warm_default(snap, policy, controller)
 
 
 def _toward(
     snap: PoolSnapshot, policy: PoolPolicy, controller: str, demand: str, slots_busy: bool | None
 ) -> Decision:
-    """Waiters for ``demand``: drain a busy incumbent (it keeps serving), else swap now."""
+    """Waiters for ``demand``: drain a busy incumbent (it keeps serving, and takes new
+    requests until ``maxWait`` closes it), else swap now."""
     if incumbent_busy(snap, policy, slots_busy):
+        closing = closing_for(snap, policy)
+        if closing is not None:
+            return Decision(
+                ops=(set_state(phase=Phase.DRAINING, target=closing, closed=True),),
+                pre=Preconditions(version=snap.version),
+            )
         if snap.phase == Phase.IDLE:
             return Decision(
                 ops=(set_state(phase=Phase.DRAINING, target=demand),),
@@ -56,26 +76,32 @@ def _toward(
         return NOTHING
     if needs_slots(snap, policy, slots_busy):
         return Decision(need_idle_check=snap.resident)
-    return start_swap(snap, policy, controller, demand, reason="demand").decision()
+    return start_swap(snap, policy, controller, demand, reason=SwapReason.DEMAND).decision()
 
 
-def _demand(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
-    """The non-resident member with the most live waiters (ties: config order)."""
-    best: str | None = None
-    for member in policy.members:
-        if member == snap.resident or snap.live_waiters(member) == 0:
-            continue
-        if best is None or snap.live_waiters(member) > snap.live_waiters(best):
-            best = member
-    return best
+def _idle_unload(
+    snap: PoolSnapshot, policy: PoolPolicy, controller: str, slots_busy: bool | None
+) -> Decision:
+    """The resident served nothing for its ``idleUnloadAfter``: the default member comes
+    back in its place, or (no other default) the pool goes cold. Never while it serves."""
+    if incumbent_busy(snap, policy, slots_busy):
+        return NOTHING
+    if needs_slots(snap, policy, slots_busy):
+        return Decision(need_idle_check=snap.resident)
+    default = policy.default
+    if default is not None and default != snap.resident and snap.failures.get(default, 0) <= 0:
+        return start_swap(
+            snap, policy, controller, default, reason=SwapReason.RETURN_TO_DEFAULT, forced=True
+        ).decision()
+    return start_swap(snap, policy, controller, None, reason=SwapReason.IDLE_UNLOAD).decision()
 
 
-def _drain_without_demand(snap: PoolSnapshot, demand: str | None) -> Decision:
-    """The drain's target has no waiters left: drain toward another member's, or stop."""
+def _retarget(snap: PoolSnapshot, demand: str | None) -> Decision:
+    """Drain toward the most urgent member's waiters now, or, with none left, stop."""
     if demand is not None:
         return Decision(ops=(set_state(target=demand),), pre=Preconditions(version=snap.version))
     return Decision(
-        ops=(set_state(phase=Phase.IDLE, target=None),),
+        ops=(set_state(phase=Phase.IDLE, target=None, closed=False),),
         pre=Preconditions(version=snap.version, zero_waiters=(snap.target,) if snap.target else ()),
         audit=(
             AuditIntent.of_swap(
@@ -98,7 +124,7 @@ def _warm_default(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> De
         and snap.failures.get(policy.default, 0) <= 0
     ):
         return start_swap(
-            snap, policy, controller, policy.default, reason="warm_default", forced=True
+            snap, policy, controller, policy.default, reason=SwapReason.WARM_DEFAULT, forced=True
         ).decision()
     return NOTHING
 

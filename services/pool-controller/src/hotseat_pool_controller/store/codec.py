@@ -16,6 +16,10 @@ The ``state`` hash, per pool (docs/adr/0001 has the meaning of each field):
     parked     "1": an admin unload; the default member is not warmed
     unhealthy  "1": the resident fails its health checks while it serves
     relearn    until then (ms) the resident counts as busy: the store lost its leases
+    closed     "1": the resident takes no new lease (another member waited ``maxWait``)
+    previous   the member resident before the current one (a swap back to it is counted)
+    released   when the resident's last lease was released (ms; written by the release
+               script, not a transition: it moves no ``version``)
     store      the ``run_id`` of the Redis server the state was written on (scripts only)
 
 All times are on Redis's clock. A lease's record in ``lease-meta`` is the JSON object
@@ -79,6 +83,8 @@ def set_state(
     parked: bool | _Keep = KEEP,
     unhealthy: bool | _Keep = KEEP,
     relearn_ms: int | _Keep | None = KEEP,
+    closed: bool | _Keep = KEEP,
+    previous: str | _Keep | None = KEEP,
     bump: bool = True,
 ) -> SetState:
     """A change of some fields of the pool state (named as :class:`PoolSnapshot` names
@@ -98,6 +104,8 @@ def set_state(
         "parked": parked,
         "unhealthy": unhealthy,
         "relearn": relearn_ms,
+        "closed": closed,
+        "previous": previous,
     }
     fields = {name: _encode(value) for name, value in values.items() if value is not KEEP}
     return SetState(fields, bump=bump)
@@ -163,10 +171,19 @@ def decode_snapshot(raw: Mapping[str, Any]) -> PoolSnapshot:
         parked=bool(state.get("parked")),
         unhealthy=bool(state.get("unhealthy")),
         relearn_ms=int(state.get("relearn") or 0),
+        closed=bool(state.get("closed")),
+        previous=state.get("previous") or None,
+        released_ms=int(state.get("released") or 0),
         leases={m["name"]: int(m["leases"]) for m in members},
         waiters={m["name"]: int(m["waiters"]) for m in members},
         failures={m["name"]: int(m["failure"]) for m in members if int(m["failure"]) > 0},
         swap_times=tuple(float(s) for s in _array(raw.get("swap_times"))),
+        urgency={m["name"]: int(m["urgent"]) for m in members if m.get("urgent") is not None},
+        member_swap_times={
+            m["name"]: tuple(float(s) for s in _array(m.get("swap_times")))
+            for m in members
+            if _array(m.get("swap_times"))
+        },
         attempt_lease=(
             AttemptLease(
                 member=lease["member"],
@@ -192,6 +209,8 @@ class MemberKeys:
     leases: str
     waiters: str
     failure: str
+    urgency: str
+    swap_times: str
 
 
 class PoolKeys:
@@ -205,18 +224,30 @@ class PoolKeys:
         self.swap_times = keys.pool_swap_times(pool)
         self.members = {
             m: MemberKeys(
-                m, keys.pool_leases(pool, m), keys.pool_waiters(pool, m), keys.pool_failure(pool, m)
+                m,
+                keys.pool_leases(pool, m),
+                keys.pool_waiters(pool, m),
+                keys.pool_failure(pool, m),
+                keys.pool_waiter_urgency(pool, m),
+                keys.pool_member_swap_times(pool, m),
             )
             for m in members
         }
         self.all = [self.state, self.lease_meta, self.attempt_leases, self.swap_times]
         for m in self.members.values():
-            self.all += [m.leases, m.waiters, m.failure]
+            self.all += [m.leases, m.waiters, m.failure, m.urgency, m.swap_times]
 
     def member_specs(self) -> list[dict[str, str]]:
         """Each member's keys, as the scripts that take a JSON spec read them."""
         return [
-            {"name": m.name, "leases": m.leases, "waiters": m.waiters, "failure": m.failure}
+            {
+                "name": m.name,
+                "leases": m.leases,
+                "waiters": m.waiters,
+                "failure": m.failure,
+                "urgency": m.urgency,
+                "swap_times": m.swap_times,
+            }
             for m in self.members.values()
         ]
 
@@ -249,19 +280,25 @@ def encode_op(op: Op, keys: PoolKeys) -> dict[str, Any]:  # noqa: PLR0911 - one 
                        meta_key=keys.lease_meta, attempt_key=keys.attempt_leases,
                        attempt=op.attempt)  # fmt: skip
         case AddWaiter():
-            waiters = keys.members[op.member].waiters
-            return _op("zadd", waiters, score=op.deadline_ms, member=op.attempt)
+            m = keys.members[op.member]
+            # A re-asked waiter keeps its first virtual arrival (it does not lose its age).
+            return _op("wait", m.waiters, urgency_key=m.urgency, deadline=op.deadline_ms,
+                       urgency=op.urgency_ms, member=op.attempt)  # fmt: skip
         case RemoveWaiter():
-            return _op("zrem", keys.members[op.member].waiters, member=op.attempt)
+            m = keys.members[op.member]
+            return _op("unwait", m.waiters, urgency_key=m.urgency, member=op.attempt)
         case ClearWaiters():
-            return _op("del", keys.members[op.member].waiters)
+            m = keys.members[op.member]
+            return _op("unwait_all", m.waiters, urgency_key=m.urgency)
         case SetFailure():
             failure = keys.members[op.member].failure
             return _op("setpx", failure, value=op.reason, px=op.ttl_ms)
         case RecordSwapTime():
-            return _op(
-                "lpush_trim", keys.swap_times, value=f"{op.seconds:.3f}", keep=SWAP_TIMES_KEPT
-            )
+            lists = [keys.swap_times]
+            if op.member is not None:
+                lists.append(keys.members[op.member].swap_times)
+            return _op("swap_time", lists[0], keys=lists, value=f"{op.seconds:.3f}",
+                       keep=SWAP_TIMES_KEPT)  # fmt: skip
         case RevokeLeases():
             leases = keys.members[op.member].leases
             return _op("revoke", leases, meta_key=keys.lease_meta, attempt_key=keys.attempt_leases)

@@ -142,7 +142,15 @@ class PoolStore:
         k = self._keys
         result = await self.link.script(
             self._grant_fast,
-            keys=[k.state, m.leases, k.lease_meta, k.attempt_leases, m.waiters, m.failure],
+            keys=[
+                k.state,
+                m.leases,
+                k.lease_meta,
+                k.attempt_leases,
+                m.waiters,
+                m.failure,
+                m.urgency,
+            ],
             args=[member, lease_id, self.policy.lease_ttl_ms, attempt, router, request_id],
             identified=True,
         )
@@ -188,7 +196,7 @@ class PoolStore:
         removed, left, phase, waiters, unhealthy = await self.link.script(
             self._release,
             keys=[m.leases, k.lease_meta, k.attempt_leases, k.state, *others],
-            args=[lease_id],
+            args=[lease_id, member],
         )
         # Only the last lease of a member the pool is draining away from, one that other
         # members' requests wait behind, or one on an unhealthy resident (now it can be
@@ -206,7 +214,7 @@ class PoolStore:
         k = self._keys
         removed = await self.link.script(
             self._cancel,
-            keys=[m.waiters, k.attempt_leases, k.lease_meta, m.leases],
+            keys=[m.waiters, k.attempt_leases, k.lease_meta, m.leases, m.urgency],
             args=[attempt, member],
         )
         return bool(removed)

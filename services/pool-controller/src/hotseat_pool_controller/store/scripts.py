@@ -31,7 +31,19 @@ for i, m in ipairs(spec.members) do
     waiters = redis.call('ZCOUNT', m.waiters, since, '+inf'),
     failure = redis.call('PTTL', m.failure),
     waiting = 0,
+    swap_times = redis.call('LRANGE', m.swap_times, 0, 9),
   }
+  if entry.waiters > 0 then
+    -- The most urgent live waiter (expired ones wait for the reaper at the front).
+    local ranked = redis.call('ZRANGE', m.urgency, 0, -1, 'WITHSCORES')
+    for j = 1, #ranked, 2 do
+      local d = redis.call('ZSCORE', m.waiters, ranked[j])
+      if d and tonumber(d) > now then
+        entry.urgent = tonumber(ranked[j + 1])
+        break
+      end
+    end
+  end
   if spec.attempt ~= '' then
     local s = redis.call('ZSCORE', m.waiters, spec.attempt)
     if s and tonumber(s) > now then entry.waiting = 1 end
@@ -101,17 +113,21 @@ for _, op in ipairs(spec.ops) do
     redis.call('ZADD', op.key, op.expiry, op.id)
     redis.call('HSET', op.meta_key, op.id, op.meta)
     redis.call('HSET', op.attempt_key, op.attempt, op.id)
-  elseif op.op == 'zadd' then
-    redis.call('ZADD', op.key, op.score, op.member)
-  elseif op.op == 'zrem' then
+  elseif op.op == 'wait' then
+    redis.call('ZADD', op.key, op.deadline, op.member)
+    redis.call('ZADD', op.urgency_key, 'NX', op.urgency, op.member)
+  elseif op.op == 'unwait' then
     redis.call('ZREM', op.key, op.member)
-  elseif op.op == 'del' then
-    redis.call('DEL', op.key)
+    redis.call('ZREM', op.urgency_key, op.member)
+  elseif op.op == 'unwait_all' then
+    redis.call('DEL', op.key, op.urgency_key)
   elseif op.op == 'setpx' then
     if op.px > 0 then redis.call('SET', op.key, op.value, 'PX', op.px) end
-  elseif op.op == 'lpush_trim' then
-    redis.call('LPUSH', op.key, op.value)
-    redis.call('LTRIM', op.key, 0, op.keep - 1)
+  elseif op.op == 'swap_time' then
+    for _, k in ipairs(op.keys) do
+      redis.call('LPUSH', k, op.value)
+      redis.call('LTRIM', k, 0, op.keep - 1)
+    end
   elseif op.op == 'revoke' then
     for _, id in ipairs(redis.call('ZRANGE', op.key, 0, -1)) do
       local meta = redis.call('HGET', op.meta_key, id)
@@ -169,9 +185,11 @@ RELEASE = (
     _NOW
     + """
 -- KEYS: leases, lease-meta, attempt-leases, state, waiters of every other member...
+-- ARGV: lease id, member
 -- Returns {removed, live leases left on the member, phase, live waiters for the other
 -- members, unhealthy} so the caller wakes the supervisor only when the release can move
 -- the pool (the member's own waiters are granted when they ask again, not by a release).
+-- The resident's last release is recorded (``released``: idleness is measured from it).
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 local meta = redis.call('HGET', KEYS[2], ARGV[1])
 if meta then
@@ -184,7 +202,10 @@ end
 local left = redis.call('ZCOUNT', KEYS[1], since, '+inf')
 local waiters = 0
 for i = 5, #KEYS do waiters = waiters + redis.call('ZCOUNT', KEYS[i], since, '+inf') end
-local st = redis.call('HMGET', KEYS[4], 'phase', 'unhealthy')
+local st = redis.call('HMGET', KEYS[4], 'phase', 'unhealthy', 'resident')
+if removed == 1 and left == 0 and st[3] == ARGV[2] then
+  redis.call('HSET', KEYS[4], 'released', now)
+end
 return {removed, left, st[1] or '', waiters, st[2] or ''}
 """
 )
@@ -193,9 +214,10 @@ CANCEL = """
 -- An attempt gives up on a member: leave that member's waiters, and free a lease on that
 -- member it was granted but never learned of (its acquire reply was lost or came after
 -- the caller left). A lease the attempt holds on another member is not this cancel's.
--- KEYS: waiters of the member, attempt-leases, lease-meta, leases of the member
+-- KEYS: waiters of the member, attempt-leases, lease-meta, leases of the member, urgency
 -- ARGV: attempt, member
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
 local lease = redis.call('HGET', KEYS[2], ARGV[1])
 if lease then
   local meta = redis.call('HGET', KEYS[3], lease)
@@ -229,6 +251,9 @@ for _, m in ipairs(spec.members) do
     end
     expired[#expired + 1] = {id = id, member = m.name, meta = meta or ''}
   end
+  for _, attempt in ipairs(redis.call('ZRANGEBYSCORE', m.waiters, '-inf', now)) do
+    redis.call('ZREM', m.urgency, attempt)
+  end
   redis.call('ZREMRANGEBYSCORE', m.waiters, '-inf', now)
 end
 if #expired == 0 then return '[]' end
@@ -242,9 +267,10 @@ GRANT_FAST = (
 -- The common case in one round trip: the member is resident and no swap unwinds it.
 -- Exactly the grant branch of decisions.acquire; anything else answers 0 and the
 -- caller takes the general path (snapshot, pure decision, compare-and-apply).
-local st = redis.call('HMGET', KEYS[1], 'phase', 'resident', 'epoch', 'unhealthy', 'store')
+local st = redis.call('HMGET', KEYS[1], 'phase', 'resident', 'epoch', 'unhealthy', 'store',
+                      'closed')
 if (st[1] ~= 'idle' and st[1] ~= 'draining') or st[2] ~= ARGV[1] then return {0} end
-if (st[4] or '') ~= '' then return {0} end
+if (st[4] or '') ~= '' or (st[6] or '') ~= '' then return {0} end
 if ARGV[7] ~= '' and (st[5] or '') ~= ARGV[7] then return {0} end
 if redis.call('HGET', KEYS[4], ARGV[4]) then return {0} end
 if redis.call('EXISTS', KEYS[6]) == 1 then return {0} end
@@ -255,6 +281,7 @@ redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[2])
 redis.call('HSET', KEYS[3], ARGV[2], meta)
 redis.call('HSET', KEYS[4], ARGV[4], ARGV[2])
 redis.call('ZREM', KEYS[5], ARGV[4])
+redis.call('ZREM', KEYS[7], ARGV[4])
 return {1, st[3]}
 """
 )

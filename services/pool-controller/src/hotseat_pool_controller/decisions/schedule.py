@@ -1,0 +1,121 @@
+"""The scheduler's judgements (docs/adr/0006): who goes next, when the resident closes to
+new requests, how soon a request can be served at the earliest, when a resident has been
+idle long enough to go. Pure functions of a snapshot; the acquire and tick decisions use
+them."""
+
+from __future__ import annotations
+
+import math
+
+from hotseat_pool_controller.model import IN_FLIGHT, SERVING, PoolPolicy, PoolSnapshot
+
+MIN_RESIDENCY_FLOOR_MS = 1000
+MIN_RESIDENCY_SWAPS = 2
+"""Unset ``minResidency``: this many mean measured swap times (at least the floor)."""
+
+
+def _mean(values: tuple[float, ...]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def swap_s(snap: PoolSnapshot, member: str | None) -> float | None:
+    """The measured time of a swap to ``member``: its own recent swaps, else the pool's;
+    ``None`` before any was measured."""
+    own = _mean(snap.member_swap_times.get(member, ())) if member else None
+    return own if own is not None else _mean(snap.swap_times)
+
+
+def ranked(snap: PoolSnapshot, *, excluding: str | None = None) -> list[str]:
+    """Members with live waiters, most urgent first (earliest virtual arrival; a member
+    whose waiters carry no urgency, written before it existed, ranks by now)."""
+    waiting = [m for m, n in snap.waiters.items() if n > 0 and m != excluding]
+    return sorted(waiting, key=lambda m: (snap.urgency.get(m, snap.now_ms), m))
+
+
+def most_urgent(snap: PoolSnapshot, *, excluding: str | None = None) -> str | None:
+    order = ranked(snap, excluding=excluding)
+    return order[0] if order else None
+
+
+def min_residency_ms(snap: PoolSnapshot, policy: PoolPolicy) -> int:
+    if policy.min_residency_ms is not None:
+        return policy.min_residency_ms
+    measured = _mean(snap.swap_times)
+    if measured is None:
+        return MIN_RESIDENCY_FLOOR_MS
+    return max(MIN_RESIDENCY_FLOOR_MS, int(MIN_RESIDENCY_SWAPS * measured * 1000))
+
+
+def closing_for(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
+    """The member the resident must close for now (``maxWait``): the most urgent other
+    member, once its most urgent waiter has waited ``maxWait`` and the resident has been
+    resident ``minResidency``; ``None`` when nothing closes (or it is closed already)."""
+    if policy.max_wait_ms is None or snap.closed or snap.resident is None:
+        return None
+    if snap.phase not in SERVING:
+        return None
+    member = most_urgent(snap, excluding=snap.resident)
+    if member is None:
+        return None
+    waited = snap.now_ms - snap.urgency.get(member, snap.now_ms)
+    if waited < policy.max_wait_ms:
+        return None
+    if snap.now_ms - snap.committed_ms < min_residency_ms(snap, policy):
+        return None
+    return member
+
+
+def is_swap_back(snap: PoolSnapshot, policy: PoolPolicy, target: str | None) -> bool:
+    """A swap to the member resident before the current one, soon after the current one
+    came in: the pool is going back and forth (counted and audited as ``swap_back``)."""
+    return (
+        target is not None
+        and snap.resident is not None
+        and target == snap.previous
+        and snap.now_ms - snap.committed_ms < policy.thrash_window_ms
+    )
+
+
+def eta_s(snap: PoolSnapshot, member: str, urgency_ms: int) -> tuple[float, int]:
+    """The earliest a request for ``member`` (virtual arrival ``urgency_ms``) can be
+    served, and its place in line (1: the next swap is its member's): a lower bound from
+    measured swap times only (the rest of a swap in flight, one swap per member ranked
+    ahead of it, its own); a drain adds nothing, for it may end at any moment."""
+    own = min(snap.urgency.get(member, urgency_ms), urgency_ms)
+    seconds = 0.0
+    place = 1
+    if snap.phase in IN_FLIGHT and snap.target != member:
+        elapsed = (snap.now_ms - snap.started_ms) / 1000
+        seconds += max(0.0, (swap_s(snap, snap.target) or 0.0) - elapsed)
+        place += 1
+    elif snap.phase in IN_FLIGHT:
+        elapsed = (snap.now_ms - snap.started_ms) / 1000
+        return max(0.0, (swap_s(snap, member) or 0.0) - elapsed), place
+    for other in ranked(snap, excluding=member):
+        if other in {snap.target, snap.resident} and not (other == snap.resident and snap.closed):
+            continue
+        if snap.urgency.get(other, snap.now_ms) < own:
+            seconds += swap_s(snap, other) or 0.0
+            place += 1
+    seconds += swap_s(snap, member) or 0.0
+    return seconds, place
+
+
+def idle_unload_due(snap: PoolSnapshot, policy: PoolPolicy) -> bool:
+    """The resident served nothing, and nobody waited for it, for its ``idleUnloadAfter``
+    (counted from its commit or its last lease's release, whichever came later)."""
+    resident = snap.resident
+    if resident is None or snap.unhealthy or snap.phase not in SERVING:
+        return False
+    after = policy.idle_unload_ms.get(resident)
+    if after is None or resident == policy.default:
+        return False  # the default member is what an idle pool returns to
+    if snap.serving(resident) or snap.live_waiters(resident) > 0:
+        return False
+    idle_since = max(snap.committed_ms, snap.released_ms)
+    return snap.now_ms - idle_since >= after
+
+
+def retry_after_for(seconds: float) -> float:
+    """A Retry-After from an estimate: whole seconds, at least one."""
+    return float(max(1, math.ceil(seconds)))

@@ -1,0 +1,363 @@
+"""The scheduler as pure decisions (docs/adr/0006): urgency with priorities and aging,
+``maxWait`` closing a busy resident after ``minResidency``, swap backs, admission from an
+honest estimate, idle unload and return to the default. No I/O."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hotseat_common.config.model import BusySignal, PoolActivation
+from hotseat_common.errors import ErrorCode
+from hotseat_common.messages import (
+    ErrorReply,
+    Granted,
+    IncumbentBusyReply,
+    PoolOutcome,
+    SwapReason,
+    WaitReason,
+    WaitReply,
+)
+from hotseat_pool_controller.decisions.acquire import decide_acquire
+from hotseat_pool_controller.decisions.busy import incumbent_busy
+from hotseat_pool_controller.decisions.schedule import eta_s, min_residency_ms, ranked
+from hotseat_pool_controller.decisions.swap import decide_commit
+from hotseat_pool_controller.decisions.tick import decide_tick
+from hotseat_pool_controller.model import (
+    AcquireAsk,
+    AddWaiter,
+    Decision,
+    Phase,
+    PoolPolicy,
+    PoolSnapshot,
+    RecordSwapTime,
+    SetState,
+)
+
+NOW = 10_000_000
+ME = "ctl-1"
+POLICY = PoolPolicy(
+    name="gpu0",
+    members=("chat", "coder", "embed"),
+    max_waiters=100,
+    lease_ttl_ms=15_000,
+    swap_timeout_ms=600_000,
+    failure_backoff_ms=5_000,
+    busy_signal=BusySignal.LEASES,
+    default=None,
+)
+FAIR = replace(POLICY, max_wait_ms=5_000, min_residency_ms=2_000)
+WAIT = PoolActivation.WAIT
+IF_IDLE = PoolActivation.IF_IDLE
+
+
+def snap(**fields: object) -> PoolSnapshot:
+    base: dict[str, object] = {"now_ms": NOW, "phase": Phase.IDLE, "epoch": 7, "version": 3}
+    base.update(fields)
+    return PoolSnapshot(**base)  # type: ignore[arg-type]
+
+
+def ask(
+    member: str,
+    mode: PoolActivation = WAIT,
+    *,
+    priority: int = 0,
+    hold_ms: int = 300_000,
+    attempt: str = "r1",
+) -> AcquireAsk:
+    return AcquireAsk(
+        member,
+        mode,
+        attempt,
+        "client-1",
+        "router-a",
+        NOW + hold_ms,
+        "lease-new",
+        priority=priority,
+        now_ms=NOW,
+    )
+
+
+def state_of(decision: Decision) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for op in decision.ops:
+        if isinstance(op, SetState):
+            fields.update(op.fields)
+    return fields
+
+
+# --- who goes next -------------------------------------------------------------------
+
+
+def test_a_priority_moves_a_waiter_earlier_by_the_aging_step_per_level() -> None:
+    """A held request of priority 2 is written with a virtual arrival 2 aging steps
+    before now; priority 0 with now."""
+    busy = snap(resident="chat", leases={"chat": 1})
+    for priority, expected in ((0, NOW), (2, NOW - 2 * POLICY.priority_aging_ms)):
+        d = decide_acquire(busy, ask("coder", priority=priority), POLICY, ME)
+        (waiter,) = [op for op in d.ops if isinstance(op, AddWaiter)]
+        assert waiter.urgency_ms == expected
+
+
+def test_the_most_urgent_member_goes_next_not_the_most_numerous() -> None:
+    """Three waiters for coder that came late lose to one for embed that came first."""
+    s = snap(
+        resident="chat",
+        waiters={"coder": 3, "embed": 1},
+        urgency={"coder": NOW - 1_000, "embed": NOW - 8_000},
+    )
+    assert ranked(s) == ["embed", "coder"]
+    d = decide_tick(s, POLICY, ME)
+    assert d.swap is not None
+    assert d.swap.target == "embed"
+
+
+def test_aging_lets_a_low_priority_waiter_overtake_a_later_high_priority_one() -> None:
+    """Priority 1 counts one aging step: a priority 0 waiter that waited longer than one
+    step more ranks first."""
+    step = POLICY.priority_aging_ms
+    s = snap(
+        resident="chat",
+        waiters={"coder": 1, "embed": 1},
+        urgency={"coder": NOW - 2 * step, "embed": NOW - 1_000 - step},  # embed: p1, 1 s ago
+    )
+    assert ranked(s)[0] == "coder"
+    s = replace(s, urgency={"coder": NOW - step // 2, "embed": NOW - 1_000 - step})
+    assert ranked(s)[0] == "embed"
+
+
+def test_a_drain_turns_toward_a_more_urgent_member() -> None:
+    """Draining toward coder, a more urgent waiter for embed arrives: the drain retargets."""
+    s = snap(
+        phase=Phase.DRAINING,
+        resident="chat",
+        target="coder",
+        leases={"chat": 1},
+        waiters={"coder": 1, "embed": 1},
+        urgency={"coder": NOW - 1_000, "embed": NOW - 30_000},
+    )
+    d = decide_tick(s, POLICY, ME)
+    assert state_of(d) == {"target": "embed"}
+    assert d.swap is None
+
+
+# --- maxWait and minResidency ------------------------------------------------------------
+
+
+def busy_resident(waited_ms: int, resident_for_ms: int, **fields: object) -> PoolSnapshot:
+    base: dict[str, object] = {
+        "phase": Phase.DRAINING,
+        "resident": "chat",
+        "target": "coder",
+        "committed_ms": NOW - resident_for_ms,
+        "leases": {"chat": 2},
+        "waiters": {"coder": 1},
+        "urgency": {"coder": NOW - waited_ms},
+    }
+    base.update(fields)
+    return snap(**base)
+
+
+def test_without_max_wait_the_busy_resident_keeps_the_gpu() -> None:
+    """Sticky residency by default: however long coder waited, chat's requests are
+    granted and the tick only keeps draining."""
+    s = busy_resident(waited_ms=600_000, resident_for_ms=600_000)
+    assert isinstance(decide_acquire(s, ask("chat"), POLICY, ME).reply, Granted)
+    assert decide_tick(s, POLICY, ME).ops == ()
+
+
+def test_max_wait_closes_the_resident_once_the_waiter_waited_that_long() -> None:
+    """Before maxWait nothing closes; at maxWait the tick closes chat (it drains, no new
+    lease), and a request for chat is then held for the swap back."""
+    early = busy_resident(waited_ms=4_999, resident_for_ms=60_000)
+    assert state_of(decide_tick(early, FAIR, ME)) == {}
+    assert isinstance(decide_acquire(early, ask("chat"), FAIR, ME).reply, Granted)
+    due = busy_resident(waited_ms=5_000, resident_for_ms=60_000)
+    d = decide_tick(due, FAIR, ME)
+    assert state_of(d)["closed"] == "1"
+    assert d.swap is None  # chat still serves: nothing is cut
+    closed = replace(due, closed=True)
+    held = decide_acquire(closed, ask("chat"), FAIR, ME)
+    assert isinstance(held.reply, WaitReply)
+    assert held.reply.reason == WaitReason.CLOSED
+    assert [op.member for op in held.ops if isinstance(op, AddWaiter)] == ["chat"]
+
+
+def test_the_first_request_to_see_max_wait_closes_the_resident_itself() -> None:
+    """A request for the resident that arrives when maxWait has passed (before any tick)
+    is held, and its decision closes the resident."""
+    due = busy_resident(waited_ms=7_000, resident_for_ms=60_000)
+    d = decide_acquire(due, ask("chat"), FAIR, ME)
+    assert isinstance(d.reply, WaitReply)
+    assert state_of(d) == {"phase": "draining", "target": "coder", "closed": "1"}
+
+
+def test_if_idle_requests_for_a_closed_resident_are_skipped() -> None:
+    """IfIdle never waits for a swap out and back: incumbent busy at once."""
+    closed = busy_resident(waited_ms=7_000, resident_for_ms=60_000, closed=True)
+    d = decide_acquire(closed, ask("chat", IF_IDLE), FAIR, ME)
+    assert isinstance(d.reply, IncumbentBusyReply)
+    assert not any(isinstance(op, AddWaiter) for op in d.ops)
+
+
+def test_min_residency_protects_a_new_resident() -> None:
+    """A resident younger than minResidency is not closed, however long the waiter."""
+    young = busy_resident(waited_ms=60_000, resident_for_ms=1_999)
+    assert "closed" not in state_of(decide_tick(young, FAIR, ME))
+    assert isinstance(decide_acquire(young, ask("chat"), FAIR, ME).reply, Granted)
+    old_enough = busy_resident(waited_ms=60_000, resident_for_ms=2_000)
+    assert state_of(decide_tick(old_enough, FAIR, ME))["closed"] == "1"
+
+
+def test_min_residency_defaults_to_twice_the_measured_swap() -> None:
+    """Unset, minResidency is two mean measured swaps, at least a second."""
+    unset = replace(FAIR, min_residency_ms=None)
+    assert min_residency_ms(snap(), unset) == 1_000
+    assert min_residency_ms(snap(swap_times=(3.0, 5.0)), unset) == 8_000
+
+
+def test_a_closed_residents_own_waiters_do_not_keep_it_busy() -> None:
+    """Just after its commit a resident's waiters count as busy, unless they wait
+    because it is closed (then they wait for the swap back, and must not block it)."""
+    s = snap(resident="chat", committed_ms=NOW - 100, waiters={"chat": 2})
+    assert incumbent_busy(s, FAIR, None)
+    assert not incumbent_busy(replace(s, closed=True), FAIR, None)
+
+
+def test_a_closed_resident_that_drained_is_swapped_for_the_waiter() -> None:
+    """Once the closed resident's last lease ended, the tick swaps to the member it was
+    closed for, although requests wait for the resident too."""
+    drained = busy_resident(
+        waited_ms=9_000,
+        resident_for_ms=60_000,
+        closed=True,
+        leases={},
+        waiters={"coder": 1, "chat": 3},
+        urgency={"coder": NOW - 9_000, "chat": NOW - 1_000},
+    )
+    d = decide_tick(drained, FAIR, ME)
+    assert d.swap is not None
+    assert d.swap.target == "coder"
+
+
+def test_the_commit_opens_the_new_resident_and_remembers_the_previous() -> None:
+    """A commit clears the closed flag, records the member it replaced and the swap's
+    time for the member it loaded."""
+    s = snap(
+        phase=Phase.LOADING,
+        resident="chat",
+        target="coder",
+        from_member="chat",
+        owner=ME,
+        started_ms=NOW - 4_000,
+        closed=True,
+    )
+    d = decide_commit(s, 7, ME)
+    assert d is not None
+    assert state_of(d)["closed"] == ""
+    assert state_of(d)["previous"] == "chat"
+    (timed,) = [op for op in d.ops if isinstance(op, RecordSwapTime)]
+    assert (timed.member, timed.seconds) == ("coder", 4.0)
+
+
+def test_a_swap_back_soon_after_a_swap_is_named_so() -> None:
+    """Demand for the previous resident within thrashWindow of the last commit starts a
+    swap whose reason is swap_back; after the window, demand."""
+    s = snap(resident="coder", previous="chat", committed_ms=NOW - 10_000, waiters={"chat": 1})
+    (started,) = decide_tick(s, POLICY, ME).audit
+    assert (started.outcome, started.reason) == (PoolOutcome.SWAP_STARTED, SwapReason.SWAP_BACK)
+    later = replace(s, committed_ms=NOW - POLICY.thrash_window_ms)
+    (started,) = decide_tick(later, POLICY, ME).audit
+    assert started.reason == SwapReason.DEMAND
+
+
+# --- admission from an honest estimate -------------------------------------------------------
+
+
+def test_a_request_that_cannot_be_served_in_time_is_refused_at_once() -> None:
+    """A swap to coder takes 8 s (measured); a request held for 5 s more is refused now
+    with eta_over_budget and a Retry-After of the estimate; held for 9 s it waits, told
+    its place and the estimate."""
+    busy = snap(resident="chat", leases={"chat": 1}, member_swap_times={"coder": (8.0,)})
+    short = decide_acquire(busy, ask("coder", hold_ms=5_000), POLICY, ME)
+    assert isinstance(short.reply, ErrorReply)
+    assert short.reply.code == ErrorCode.ETA_OVER_BUDGET
+    assert short.reply.retry_after_s == 8.0
+    assert not any(isinstance(op, AddWaiter) for op in short.ops)
+    enough = decide_acquire(busy, ask("coder", hold_ms=9_000), POLICY, ME)
+    assert isinstance(enough.reply, WaitReply)
+    assert (enough.reply.position, enough.reply.eta_s) == (1, 8.0)
+
+
+def test_the_estimate_counts_the_swap_in_flight_and_the_members_ahead() -> None:
+    """A swap to coder has run 3 s of its 8; embed's waiter is ahead of a new request for
+    chat: 5 + 6 (embed) + 4 (chat) seconds, third in line."""
+    s = snap(
+        phase=Phase.LOADING,
+        target="coder",
+        started_ms=NOW - 3_000,
+        waiters={"coder": 1, "embed": 1},
+        urgency={"coder": NOW - 9_000, "embed": NOW - 5_000},
+        member_swap_times={"coder": (8.0,), "embed": (6.0,), "chat": (4.0,)},
+    )
+    assert eta_s(s, "chat", NOW) == (15.0, 3)
+    # A more urgent request (priority) goes before embed.
+    assert eta_s(s, "chat", NOW - 60_000) == (9.0, 2)
+    # Its own swap in flight: only what is left of it.
+    assert eta_s(s, "coder", NOW) == (5.0, 1)
+
+
+def test_nothing_measured_admits_everyone() -> None:
+    """Before any swap is measured the estimate is 0 s: nobody is refused on a guess."""
+    busy = snap(resident="chat", leases={"chat": 1})
+    d = decide_acquire(busy, ask("coder", hold_ms=1), POLICY, ME)
+    assert isinstance(d.reply, WaitReply)
+
+
+def test_the_resident_is_granted_whatever_the_budget() -> None:
+    """A request for the open resident never meets the estimate."""
+    s = snap(resident="chat", member_swap_times={"chat": (50.0,)})
+    assert isinstance(decide_acquire(s, ask("chat", hold_ms=1), POLICY, ME).reply, Granted)
+
+
+# --- warmth -------------------------------------------------------------------------------
+
+
+IDLE = replace(POLICY, idle_unload_ms={"chat": 60_000, "coder": 60_000}, default="chat")
+
+
+def test_an_idle_resident_returns_to_the_default() -> None:
+    """coder served nothing for idleUnloadAfter (since its last release): the default
+    comes back, reason return_to_default; a minute less and nothing happens."""
+    s = snap(resident="coder", committed_ms=NOW - 600_000, released_ms=NOW - 60_000)
+    d = decide_tick(s, IDLE, ME)
+    assert d.swap is not None
+    assert d.swap.target == "chat"
+    assert [a.reason for a in d.audit] == [SwapReason.RETURN_TO_DEFAULT]
+    assert decide_tick(replace(s, released_ms=NOW - 59_999), IDLE, ME).swap is None
+
+
+def test_an_idle_resident_without_a_default_is_unloaded() -> None:
+    """No default: the pool goes cold (reason idle_unload)."""
+    s = snap(resident="coder", committed_ms=NOW - 600_000)
+    d = decide_tick(s, replace(IDLE, default=None), ME)
+    assert d.swap is not None
+    assert d.swap.target == ""
+    assert [a.reason for a in d.audit] == [SwapReason.IDLE_UNLOAD]
+
+
+def test_idle_unload_never_takes_a_serving_or_awaited_member_or_the_default() -> None:
+    """A live lease, a waiter for it, or being the default keeps the resident."""
+    old = {"committed_ms": NOW - 600_000}
+    assert decide_tick(snap(resident="coder", leases={"coder": 1}, **old), IDLE, ME).swap is None
+    waited = snap(resident="coder", waiters={"coder": 1}, urgency={"coder": NOW}, **old)
+    assert decide_tick(waited, IDLE, ME).swap is None
+    assert decide_tick(snap(resident="chat", **old), IDLE, ME).swap is None
+
+
+def test_idle_unload_asks_the_slots_first_under_leases_and_slots() -> None:
+    """Under leasesAndSlots the resident's /slots are read before it goes; busy ones keep it."""
+    slots = replace(IDLE, busy_signal=BusySignal.LEASES_AND_SLOTS)
+    s = snap(resident="coder", committed_ms=NOW - 600_000)
+    assert decide_tick(s, slots, ME).need_idle_check == "coder"
+    assert decide_tick(s, slots, ME, slots_busy=True).swap is None
+    assert decide_tick(s, slots, ME, slots_busy=False).swap is not None
