@@ -90,7 +90,9 @@ async def test_is_idle_follows_the_real_slots(make_driver):
     """is_idle is false while a real slot generates, true once the stream has ended."""
     driver, document = make_driver()
     await driver.load("large", epoch=1)
-    async with streaming(url(document, "large"), "large", max_tokens=400) as stream:
+    # Long enough (several seconds) that the stream cannot end between its first chunk
+    # and the two reads of /slots on a loaded machine (400 tokens took 0.5 s and once did).
+    async with streaming(url(document, "large"), "large", max_tokens=4000) as stream:
         assert await slots_busy(port_of(document, "large"))
         assert not await driver.is_idle("large")
         result = await stream.task
