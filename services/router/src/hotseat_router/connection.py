@@ -17,6 +17,13 @@ client may make the router hold before a request reaches the app.
 
 Every such answer has the OpenAI error body and an ``x-hotseat-request-id``; none of
 them reaches the app, so none is audited (there is no request to audit).
+
+An answer that closes the connection before the request was read to its end (these, and
+the app's 413 and 503 ``body_budget_exceeded``) closes it *lingering*: the answer is
+sent, the router's side is shut for writing, and whatever the client still sends is read
+and thrown away for up to ``LINGER_S`` before the socket is closed. Closing at once would
+make the kernel answer the client's next bytes with a reset, which can destroy the
+answer before the client reads it (it saw a connection error instead of a 413).
 """
 
 from __future__ import annotations
@@ -52,6 +59,29 @@ class ConnectionLimits:
     header_timeout: float
     max_connections: int
     write_timeout: float
+
+
+LINGER_S = 2.0
+"""How long a connection closed early keeps reading (and discarding) what the client
+still sends, so that its answer is read before the socket goes."""
+
+
+class _Lingering:
+    """The transport as a request's cycle sees it: a ``close`` shuts the router's side for
+    writing and closes the socket after ``LINGER_S`` (or once the client closes its own)."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: LimitedHttpProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self._protocol.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        self._protocol.linger()
 
 
 class _HeadRefused(Exception):
@@ -103,6 +133,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._headers = 0
         self._head_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self.lingering = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -114,7 +146,36 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
         self._disarm_write_timer()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         super().connection_lost(exc)
+
+    def linger(self) -> None:
+        """Close after the answer, lingering (module docstring)."""
+        transport = self.transport
+        if self.lingering or transport.is_closing():
+            return
+        self.lingering = True
+        self._disarm_head_timer()
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()  # sent once the answer before it is
+        transport.resume_reading()
+        self._linger_timer = self.loop.call_later(LINGER_S, transport.close)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._disarm_head_timer()
+        super().on_headers_complete()
+        if self.cycle is not None:
+            self.cycle.transport = _Lingering(self.transport, self)  # type: ignore[assignment]
+
+    def on_response_complete(self) -> None:
+        if self.lingering:
+            return  # the connection is closing: no next request on it
+        super().on_response_complete()
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -128,6 +189,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return  # what the client still sends after the answer is thrown away
         self._unset_keepalive_if_required()
         self._began_in_this_read = False
         try:
@@ -187,11 +250,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             raise _HeadRefused(self._too_large())
         super().on_header(name, value)
 
-    def on_headers_complete(self) -> None:
-        self._in_head = False
-        self._disarm_head_timer()
-        super().on_headers_complete()
-
     # limits
 
     def _head_too_large(self) -> bool:
@@ -238,4 +296,4 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         raw, request_id = _answer(exc)
         log.debug("request_refused", code=exc.code, request_id=request_id.decode())
         self.transport.write(raw)
-        self.transport.close()
+        self.linger()
