@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from hotseat_common.config.model import PoolActivation
-from hotseat_router.activation.protocol import Lease
+from hotseat_router.activation.protocol import Lease, OnWait
 
 
 @dataclass
@@ -17,6 +17,7 @@ class Acquire:
     attempt: str
     request_id: str
     budget_s: float
+    priority: int = 0
 
 
 @dataclass
@@ -41,8 +42,10 @@ class FakeActivation:
         attempt: str,
         request_id: str,
         budget_s: float,
+        priority: int = 0,
+        on_wait: OnWait | None = None,
     ) -> Lease:
-        self.acquires.append(Acquire(pool, member, mode, attempt, request_id, budget_s))
+        self.acquires.append(Acquire(pool, member, mode, attempt, request_id, budget_s, priority))
         self.asked.set()
         if member in self.hold:
             await self.hold[member].wait()

@@ -8,6 +8,10 @@ EPOCH = "x-hotseat-epoch"
 backend that remembers the highest epoch it obeyed and refuses a lower one (HTTP 409)
 fences a controller that lost the swap (docs/drivers.md)."""
 
+PRIORITY = "x-hotseat-priority"
+"""A request's own priority, read by the router when its rule allows it (a whole number;
+above the rule's ``priorityHeader.max`` it is lowered to it, malformed it is ignored)."""
+
 SERVICE_ERROR = "Nats-Service-Error"
 SERVICE_ERROR_CODE = "Nats-Service-Error-Code"
 

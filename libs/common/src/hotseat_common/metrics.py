@@ -86,6 +86,20 @@ class RouterMetrics:
             buckets=HOLD_BUCKETS,
             registry=registry,
         )
+        self.hold_by_priority = Histogram(
+            "hotseat_pool_hold_by_priority_seconds",
+            "Time a request was held for its pool member, by the request's priority.",
+            ["router", "pool", "priority"],
+            buckets=HOLD_BUCKETS,
+            registry=registry,
+        )
+        self.priority_header_ignored = Counter(
+            "hotseat_router_priority_header_ignored_total",
+            "Requests whose x-hotseat-priority header their rule allows but which was not a"
+            " whole number (the rule's priority was used).",
+            ["router", "rule"],
+            registry=registry,
+        )
         self.held = Gauge(
             "hotseat_pool_held_requests",
             "Requests currently held waiting for a pool member.",
@@ -101,6 +115,13 @@ class PoolMetrics:
             "hotseat_pool_swaps_total",
             "Swaps by pool, from, to and result (completed, failed, cancelled).",
             ["pool", "from_member", "to_member", "result"],
+            registry=registry,
+        )
+        self.swaps_started = Counter(
+            "hotseat_pool_swaps_started_total",
+            "Swaps started by pool, target and reason (demand, swap_back, admin,"
+            " admin_unload, warm_default, idle_unload, return_to_default).",
+            ["pool", "to_member", "reason"],
             registry=registry,
         )
         self.swap_duration = Histogram(

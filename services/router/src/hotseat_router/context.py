@@ -30,6 +30,9 @@ class RequestContext:
     pool: str | None = None
     member: str | None = None
     status: int | None = None
+    priority: int = 0
+    held_s: float = 0.0
+    """How long the request was held for pool leases, all its attempts together."""
     finished: bool = False
     """The terminal audit event was emitted."""
     response_done: bool = False
@@ -54,6 +57,12 @@ class RequestContext:
         """A pool is asked for a member: the event names the last one asked even when no
         backend answers (``pool_activation_timeout``, ``pool_incumbent_busy``)."""
         self.pool, self.member = pool, member
+
+    def held_for(self, seconds: float) -> None:
+        self.held_s += seconds
+
+    def hold_ms(self) -> int:
+        return round(self.held_s * 1000)
 
     def answered_by(self, backend: Backend, status: int) -> None:
         self.backend = backend.name

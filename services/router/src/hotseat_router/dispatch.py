@@ -190,6 +190,7 @@ class Dispatcher:
                     attempt=attempt.id,
                     request_id=ctx.request_id,
                     budget_s=budget,
+                    priority=ctx.priority,
                 )
         except TimeoutError as exc:
             result = "timeout"
@@ -221,6 +222,11 @@ class Dispatcher:
             raise
         finally:
             held.dec()
+            seconds = time.monotonic() - started
+            ctx.held_for(seconds)
+            self._metrics.hold_by_priority.labels(self._router, pool, str(ctx.priority)).observe(
+                seconds
+            )
             self._metrics.pool_hold.labels(self._router, pool, member, result).observe(
                 time.monotonic() - started
             )

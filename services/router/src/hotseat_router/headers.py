@@ -13,8 +13,11 @@ from collections.abc import Iterable
 
 REQUEST_ID = "x-hotseat-request-id"
 BACKEND = "x-hotseat-backend"
+HOLD_MS = "x-hotseat-hold-ms"
+"""On a pooled backend's response: how long the request was held for its lease (ms)."""
 REQUEST_ID_B = REQUEST_ID.encode()
 BACKEND_B = BACKEND.encode()
+HOLD_MS_B = HOLD_MS.encode()
 
 HOP_BY_HOP = frozenset(
     {
@@ -37,7 +40,7 @@ _NOT_FORWARDED = HOP_BY_HOP | {
     b"expect",
     REQUEST_ID_B,
 }
-_NOT_RETURNED = HOP_BY_HOP | {b"date", b"server", REQUEST_ID_B, BACKEND_B}
+_NOT_RETURNED = HOP_BY_HOP | {b"date", b"server", REQUEST_ID_B, BACKEND_B, HOLD_MS_B}
 """``date`` and ``server`` are the router's own (the server adds them)."""
 
 _REQUEST_ID_OK = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
@@ -82,9 +85,14 @@ def upstream_request_headers(
 
 
 def client_response_headers(
-    upstream_headers: Iterable[tuple[bytes, bytes]], *, backend: bytes, request_id: bytes
+    upstream_headers: Iterable[tuple[bytes, bytes]],
+    *,
+    backend: bytes,
+    request_id: bytes,
+    hold_ms: int | None = None,
 ) -> list[tuple[bytes, bytes]]:
-    """What the client receives: the upstream's end-to-end headers and ours."""
+    """What the client receives: the upstream's end-to-end headers and ours (``hold_ms``
+    for a pooled backend: how long the request waited for its lease)."""
     lowered = [(name.lower(), value) for name, value in upstream_headers]
     listed = _connection_listed(lowered)
     out = [
@@ -92,4 +100,6 @@ def client_response_headers(
     ]
     out.append((BACKEND_B, backend))
     out.append((REQUEST_ID_B, request_id))
+    if hold_ms is not None:
+        out.append((HOLD_MS_B, str(hold_ms).encode()))
     return out

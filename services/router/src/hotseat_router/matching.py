@@ -11,13 +11,14 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hotseat_common.config.model import (
     Backend,
     DefaultRouteStrategy,
     HotseatConfig,
     PoolActivation,
+    PriorityHeader,
     Rule,
 )
 
@@ -33,6 +34,9 @@ class Route:
     backends: tuple[Backend, ...]
     activation: PoolActivation
     timeout: float | None
+    priority: int = 0
+    priority_header: PriorityHeader = field(default_factory=PriorityHeader)
+    hold_keep_alive: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,9 @@ def _compile(rule: Rule, config: HotseatConfig) -> _CompiledRule:
             backends=backends,
             activation=rule.route.pool_activation,
             timeout=rule.timeout,
+            priority=rule.priority,
+            priority_header=rule.priority_header,
+            hold_keep_alive=rule.hold_keep_alive,
         ),
     )
 

@@ -33,7 +33,8 @@ from hotseat_router.errors import (
     spec_for,
 )
 from hotseat_router.headers import REQUEST_ID_B, end_to_end_headers, request_id_of
-from hotseat_router.matching import Matcher, Route
+from hotseat_router.matching import DEFAULT_ROUTE, Matcher, Route
+from hotseat_router.priority import request_priority
 from hotseat_router.rewrite import locate_model
 from hotseat_router.streaming import Relay
 
@@ -69,6 +70,8 @@ class ProxyEndpoint:
         self._auth = auth
         self._audit = audit
         self._in_flight = metrics.in_flight.labels(router)
+        self._priority_ignored = metrics.priority_header_ignored
+        self._router = router
         self._max_body = max_body_bytes
         self._max_depth = max_json_depth
         self._budget = body_budget
@@ -166,6 +169,10 @@ class ProxyEndpoint:
         if route is None:
             raise ModelNotFound(f"no route serves the model {fields.model!r}")
         ctx.routed(route.rule)
+        priority = request_priority(route, headers)
+        if priority.ignored:
+            self._priority_ignored.labels(self._router, route.rule or DEFAULT_ROUTE).inc()
+        ctx.priority = priority.value
         classification = self._matcher.classification(header_map)
         path: str = scope["path"]
         if scope["query_string"]:

@@ -106,6 +106,7 @@ class Relay:
                     response.headers,
                     backend=dispatched.backend.name.encode(),
                     request_id=ctx.request_id.encode(),
+                    hold_ms=ctx.hold_ms() if dispatched.backend.pool is not None else None,
                 ),
             }
         )

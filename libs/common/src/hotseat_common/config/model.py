@@ -346,7 +346,6 @@ class RuleRoute(_Model):
     for the swap, or ``IfIdle``: skip to the next backend."""
 
 
-PRIORITY_HEADER = "x-hotseat-priority"
 MAX_PRIORITY = 1000
 
 

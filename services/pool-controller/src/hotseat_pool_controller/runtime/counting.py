@@ -22,11 +22,15 @@ class Counting:
         self._metrics.acquires.labels(pool, member, status).inc()
 
     def transition(self, pool: str, intent: AuditIntent) -> None:
-        """A swap that ended, or a resident lost."""
+        """A swap that started or ended, or a resident lost."""
         result = _SWAP_RESULTS.get(intent.outcome)
         if result is not None:
             self._metrics.swaps.labels(
                 pool, intent.from_member or "", intent.to_member or "", result
+            ).inc()
+        if intent.outcome == PoolOutcome.SWAP_STARTED:
+            self._metrics.swaps_started.labels(
+                pool, intent.to_member or "", intent.reason or ""
             ).inc()
         if intent.outcome == PoolOutcome.RESIDENT_LOST:
             self._metrics.residents_lost.labels(pool, intent.member or "").inc()

@@ -4,7 +4,7 @@ treated as resident and a lease is a no-op (a config without pools)."""
 from __future__ import annotations
 
 from hotseat_common.config.model import PoolActivation
-from hotseat_router.activation.protocol import Lease
+from hotseat_router.activation.protocol import Lease, OnWait
 
 
 class DirectActivation:
@@ -19,6 +19,8 @@ class DirectActivation:
         attempt: str,
         request_id: str,
         budget_s: float,
+        priority: int = 0,
+        on_wait: OnWait | None = None,
     ) -> Lease:
         return Lease(
             pool=pool,

@@ -60,7 +60,7 @@ from hotseat_common.messages import (
 )
 from hotseat_common.subjects import Subjects
 from hotseat_router.activation.held import HeldLeases
-from hotseat_router.activation.protocol import Lease
+from hotseat_router.activation.protocol import Lease, OnWait
 
 log = get_logger(__name__)
 
@@ -136,6 +136,8 @@ class NatsActivationClient:
         attempt: str,
         request_id: str,
         budget_s: float,
+        priority: int = 0,
+        on_wait: OnWait | None = None,
     ) -> Lease:
         shared = self._leases.share(pool, member)
         if shared is not None:
@@ -150,6 +152,7 @@ class NatsActivationClient:
             request_id=request_id,
             router=self._router,
             hold_s=budget_s,
+            priority=priority or None,
         )
         try:
             while True:
@@ -165,6 +168,8 @@ class NatsActivationClient:
                     log.warning("acquire_grant_stale", pool=pool, request_id=request_id)
                     continue
                 waiting = _expect_wait(pool, reply)
+                if on_wait is not None:
+                    on_wait(waiting)
                 await self._wait_for_change(signal, generation, changed, deadline, waiting)
         except BaseException:
             # Leave the waiters, and free a lease granted to a reply we never read.

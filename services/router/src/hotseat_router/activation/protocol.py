@@ -26,10 +26,15 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from hotseat_common.config.model import PoolActivation
+from hotseat_common.messages import WaitReply
+
+OnWait = Callable[[WaitReply], None]
+"""Told each wait answer of an acquire (position, estimate, target)."""
 
 
 def new_attempt(router: str) -> str:
@@ -72,12 +77,16 @@ class ActivationClient(Protocol):
         attempt: str,
         request_id: str,
         budget_s: float,
+        priority: int = 0,
+        on_wait: OnWait | None = None,
     ) -> Lease:
         """Hold until ``member`` is resident and leased, for at most ``budget_s`` seconds.
 
         ``attempt`` (from :func:`new_attempt`) names this try at the controller;
-        ``request_id`` is the client's, for audit. Cancelling the awaiting task (client
-        disconnect) withdraws the attempt from the pool's waiters.
+        ``request_id`` is the client's, for audit; ``priority`` ranks it among the pool's
+        waiters; ``on_wait`` hears each answer that says to wait (its place in line and
+        estimate). Cancelling the awaiting task (client disconnect) withdraws the attempt
+        from the pool's waiters.
         """
         ...
 
