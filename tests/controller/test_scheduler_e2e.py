@@ -1,0 +1,294 @@
+"""The scheduler end to end (docs/adr/0006): real sims, controller and router processes on
+real NATS and Redis. ``maxWait`` bounds a waiter behind a resident whose own demand never
+stops, ``minResidency`` keeps a new resident, priorities and aging order the waiters,
+admission from the measured estimate answers at once, an idle resident returns to the
+default. Every test ends with the ledger's full verdict: nothing was cut."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import yaml
+
+from hotseat.launcher import free_port, start_service
+from hotseat_common.keys import Keys
+from tests.support.stack import Stack, pool_stack_config
+from tests.support.waiting import eventually
+
+Make = Callable[[dict[str, Any]], Stack]
+
+
+def body(model: str, max_tokens: int = 1) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+    }
+
+
+async def chat(url: str, model: str, max_tokens: int = 1, **headers: str) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=90) as client:
+        return await client.post(
+            f"{url}/v1/chat/completions", json=body(model, max_tokens), headers=headers
+        )
+
+
+def started(stack: Stack) -> Stack:
+    stack.start_sims()
+    stack.start_controller("c1")
+    stack.start_router()
+    return stack
+
+
+@contextlib.asynccontextmanager
+async def endless_demand(
+    url: str, model: str, *, tokens: int = 20, workers: int = 3
+) -> AsyncIterator[list[int]]:
+    """``workers`` clients each sending requests of about ``tokens`` tokens (one second at
+    judge's 20 tokens/s) for ``model`` back to back, of staggered lengths, so that the
+    member always has one in flight; yields their statuses."""
+    statuses: list[int] = []
+    first = asyncio.Event()
+
+    async def worker(extra: int) -> None:
+        if extra:
+            await first.wait()
+        while True:
+            response = await chat(url, model, max_tokens=tokens + extra)
+            statuses.append(response.status_code)
+            first.set()
+
+    tasks = [asyncio.create_task(worker(i * tokens // 3)) for i in range(workers)]
+    await first.wait()
+    try:
+        yield statuses
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def swaps_started(stack: Stack) -> list[dict[str, Any]]:
+    return [e for e in await stack.settled_audit() if e["outcome"] == "swap_started"]
+
+
+async def test_without_max_wait_a_waiter_is_held_to_its_budget(make_stack: Make) -> None:
+    """judge always has a request in flight: with sticky residency (no maxWait) a request
+    for coder is held to its budget and answered 503 pool_activation_timeout."""
+    stack = started(make_stack(pool_stack_config(pool={"swapBudget": "4s"})))
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    async with endless_demand(url, "judge") as statuses:
+        held = await chat(url, "coder")
+    assert held.status_code == 503, held.text
+    assert held.json()["error"]["code"] == "pool_activation_timeout"
+    assert set(statuses) == {200}
+    await stack.assert_invariants()
+
+
+async def test_max_wait_bounds_a_waiter_behind_endless_demand(make_stack: Make) -> None:
+    """The same endless demand with maxWait 1s: judge closes, drains, and coder serves the
+    request; judge's own requests were held meanwhile (and served after the swap back),
+    never cut."""
+    stack = started(make_stack(pool_stack_config(pool={"maxWait": "1s", "minResidency": "0s"})))
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    async with endless_demand(url, "judge") as statuses:
+        served = await chat(url, "coder")
+        assert served.status_code == 200, served.text
+        assert served.headers["x-hotseat-backend"] == "coder"
+        assert int(served.headers["x-hotseat-hold-ms"]) >= 1000  # it waited maxWait at least
+        count = len(statuses)
+
+        async def judge_serves_again() -> bool:
+            return len(statuses) > count + 2
+
+        await eventually(judge_serves_again, timeout=60)
+    assert set(statuses) == {200}, statuses
+    reasons = [(e["to_member"], e["reason"]) for e in await swaps_started(stack)]
+    assert ("coder", "demand") in reasons
+    assert ("judge", "swap_back") in reasons
+    await stack.assert_invariants()
+
+
+async def test_min_residency_keeps_a_new_resident(make_stack: Make) -> None:
+    """With minResidency 60s, a coder resident with endless demand is not closed for a
+    judge request, however long past maxWait it waits: coder's requests are granted at
+    once meanwhile (the pool is not closed)."""
+    config = pool_stack_config(pool={"maxWait": "0.2s", "minResidency": "60s", "swapBudget": "20s"})
+    stack = started(make_stack(config))
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    assert (await chat(url, "coder")).status_code == 200
+    await stack.wait_resident("coder")
+    async with endless_demand(url, "coder", tokens=200) as statuses:  # coder: 200 tokens/s
+        waiting = asyncio.create_task(chat(url, "judge"))
+        keys = Keys(stack.prefix)
+        await eventually(lambda: _waited_ms(stack, keys.pool_waiter_urgency("gpu0", "judge"), 1000))
+        state = await stack.state_hash()
+        assert state.get("closed", "") == ""
+        granted = await chat(url, "coder")
+        assert granted.status_code == 200
+        assert int(granted.headers["x-hotseat-hold-ms"]) < 1000
+        assert not waiting.done()
+    response = await waiting  # served once coder's demand stopped
+    assert response.status_code == 200
+    assert set(statuses) == {200}
+    await stack.assert_invariants()
+
+
+async def _waited_ms(stack: Stack, urgency_key: str, at_least: float) -> bool:
+    """The most urgent waiter in ``urgency_key`` has waited ``at_least`` ms (store clock)."""
+    scores = await stack._scores(urgency_key)
+    return bool(scores) and await stack.store_now_ms() - min(scores.values()) >= at_least
+
+
+def three_members(pool: dict[str, Any]) -> dict[str, Any]:
+    """judge, coder and a third member, small; rules judge, coder and small, each allowing
+    x-hotseat-priority up to 9."""
+    config = pool_stack_config(pool=pool)
+    port = free_port()
+    config["backends"].append(
+        {
+            "name": "small",
+            "address": f"http://127.0.0.1:{port}",
+            "pool": {"name": "gpu0", "member": "small"},
+        }
+    )
+    config["pools"][0]["members"].append(
+        {"name": "small", "sim": {"loadSeconds": 0.3, "unloadSeconds": 0.1, "memoryGiB": 4}}
+    )
+    config["rules"] = [
+        {
+            "name": name,
+            "match": {"models": [name]},
+            "route": {"backends": [name]},
+            "priorityHeader": {"allow": True, "max": 9},
+        }
+        for name in ("judge", "coder", "small")
+    ]
+    return config
+
+
+async def _queued(stack: Stack, member: str, count: int = 1) -> bool:
+    return (await stack.pool())["waiters"].get(member, 0) >= count
+
+
+async def test_a_higher_priority_waiter_is_swapped_in_first(make_stack: Make) -> None:
+    """judge streams; coder (priority 0) asks first, small (priority 5) later: once judge
+    drains, small is loaded first, then coder."""
+    stack = started(make_stack(three_members({})))
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    busy = asyncio.create_task(chat(url, "judge", max_tokens=40))  # 2 s at 20 tokens/s
+    await eventually(lambda: _leased(stack, "judge"))
+    low = asyncio.create_task(chat(url, "coder"))
+    await eventually(lambda: _queued(stack, "coder"))
+    high = asyncio.create_task(chat(url, "small", **{"x-hotseat-priority": "5"}))
+    await eventually(lambda: _queued(stack, "small"))
+    assert not busy.done(), "judge drained before both waited: the order says nothing"
+    for task in (busy, low, high):
+        assert (await task).status_code == 200
+    order = [e["to_member"] for e in await swaps_started(stack) if e["reason"] != "warm_default"]
+    assert order[:2] == ["small", "coder"], order
+    await stack.assert_invariants()
+
+
+async def test_aging_lets_a_long_waiter_go_before_a_later_higher_priority(
+    make_stack: Make,
+) -> None:
+    """With priorityAging 0.2s, coder's priority 0 request that has waited more than 5
+    steps goes before small's priority 5 request that came later."""
+    stack = started(make_stack(three_members({"priorityAging": "0.2s"})))
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    busy = asyncio.create_task(chat(url, "judge", max_tokens=100))  # 5 s
+    await eventually(lambda: _leased(stack, "judge"))
+    low = asyncio.create_task(chat(url, "coder"))
+    key = Keys(stack.prefix).pool_waiter_urgency("gpu0", "coder")
+    await eventually(lambda: _waited_ms(stack, key, 6 * 200))
+    high = asyncio.create_task(chat(url, "small", **{"x-hotseat-priority": "5"}))
+    await eventually(lambda: _queued(stack, "small"))
+    assert not busy.done(), "judge drained before both waited: the order says nothing"
+    for task in (busy, low, high):
+        assert (await task).status_code == 200
+    order = [e["to_member"] for e in await swaps_started(stack) if e["reason"] != "warm_default"]
+    assert order[:2] == ["coder", "small"], order
+    await stack.assert_invariants()
+
+
+async def _leased(stack: Stack, member: str) -> bool:
+    return (await stack.pool())["leases"].get(member, 0) > 0
+
+
+async def test_a_request_that_cannot_be_served_in_time_is_answered_at_once(
+    make_stack: Make,
+) -> None:
+    """coder's load (1.5 s, measured once) is longer than a second router's 1s swapBudget
+    for the pool: a request for coder through it is answered 503 at once (reason
+    eta_over_budget, Retry-After from the estimate), and no swap starts for it."""
+    stack = started(make_stack(pool_stack_config()))
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    assert (await chat(url, "coder")).status_code == 200  # measures coder's load
+    assert (await chat(url, "judge")).status_code == 200
+    await stack.wait_resident("judge")
+    hurried = copy.deepcopy(stack.config)
+    hurried["pools"][0]["swapBudget"] = "1s"
+    path = stack.workdir / "hurried.yaml"
+    path.write_text(yaml.safe_dump(hurried))
+    router = start_service(
+        "router-hurried",
+        "hotseat-router",
+        [],
+        port=free_port(),
+        log_dir=stack.workdir,
+        env={**stack.env, "HOTSEAT_CONFIG": str(path)},
+    )
+    stack.routers.append(router)
+    before = len(await swaps_started(stack))
+    response = await chat(router.url, "coder", **{"x-hotseat-request-id": "too-late-1"})
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "pool_activation_timeout"
+    assert int(response.headers["retry-after"]) >= 2
+    events = await stack.settled_audit()
+    (event,) = [e for e in events if e.get("request_id") == "too-late-1" and e["kind"] == "request"]
+    assert (event["outcome"], event["reason"]) == ("pool_activation_timeout", "eta_over_budget")
+    assert len([e for e in events if e["outcome"] == "swap_started"]) == before
+    assert (await chat(url, "coder")).status_code == 200  # the first router's budget suffices
+    await stack.assert_invariants()
+
+
+async def test_an_idle_resident_returns_to_the_default(make_stack: Make) -> None:
+    """coder idle for its idleUnloadAfter (1s): judge, the default, comes back (reason
+    return_to_default)."""
+    config = pool_stack_config()
+    config["pools"][0]["members"][1]["idleUnloadAfter"] = "1s"
+    stack = started(make_stack(config))
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    assert (await chat(url, "coder")).status_code == 200
+    await stack.wait_resident("judge", timeout=30)
+    reasons = [(e["to_member"], e["reason"]) for e in await swaps_started(stack)]
+    assert reasons[-1] == ("judge", "return_to_default"), reasons
+    await stack.assert_invariants()
+
+
+async def test_an_idle_resident_without_a_default_is_unloaded(make_stack: Make) -> None:
+    """No default: a member idle for the pool's idleUnloadAfter is unloaded and the pool
+    stays cold (reason idle_unload)."""
+    config = pool_stack_config(pool={"idleUnloadAfter": "1s"})
+    del config["pools"][0]["default"]
+    stack = started(make_stack(config))
+    url = stack.routers[0].url
+    await stack.wait_pool_known()
+    assert (await chat(url, "coder")).status_code == 200
+    await stack.wait_resident(None, timeout=30)
+    reasons = [e["reason"] for e in await swaps_started(stack)]
+    assert reasons[-1] == "idle_unload", reasons
+    await stack.assert_invariants()
