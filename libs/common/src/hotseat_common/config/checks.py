@@ -20,6 +20,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from hotseat_common.config.errors import ConfigIssue
 from hotseat_common.config.model import Name
+from hotseat_common.durations import format_duration, parse_duration
 
 _MEMBER_BLOCK_REQUIRED = frozenset({"process", "http", "kubernetes"})
 _NAME: TypeAdapter[str] = TypeAdapter(Name)
@@ -103,6 +104,7 @@ def cross_check(raw: Mapping[str, Any]) -> list[ConfigIssue]:
             pool_members.setdefault(pool_name, members)
         issues += _unique(members)
         issues += _check_default(i, pool, members)
+        issues += _check_schedule(i, pool, members)
         issues += _driver_blocks(pool, members)
     issues += _check_backend_pools(backends, pools, pool_members)
     issues += _check_rules(rules, backends)
@@ -124,6 +126,43 @@ def _check_default(index: int, pool: Mapping[str, Any], members: _Section) -> It
             f"pools[{index}].default",
             _unknown(default, "a member of this pool", members.names, "members"),
         )
+
+
+DEFAULT_SWAP_BUDGET_S = 300.0
+
+
+def _seconds(value: object) -> float | None:
+    """A duration's seconds; None when it is missing or invalid (reported by its field)."""
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError:
+        return None
+
+
+def _check_schedule(
+    index: int, pool: Mapping[str, Any], members: _Section
+) -> Iterator[ConfigIssue]:
+    """Scheduler knobs that cannot work together (docs/adr/0006)."""
+    path = f"pools[{index}]"
+    max_wait = _seconds(pool.get("maxWait"))
+    budget = _seconds(pool.get("swapBudget", DEFAULT_SWAP_BUDGET_S))
+    if max_wait is not None and budget is not None and max_wait >= budget:
+        yield ConfigIssue(
+            f"{path}.maxWait",
+            f"{format_duration(max_wait)} is not shorter than swapBudget"
+            f" ({format_duration(budget)}): a request is answered 503 once it has been held"
+            " swapBudget, before the resident would close for it",
+        )
+    default = pool.get("default")
+    for j, member in members.items:
+        if _is_name(default) and _name(member) == default and member.get("idleUnloadAfter"):
+            yield ConfigIssue(
+                f"{members.path}[{j}].idleUnloadAfter",
+                f"{default!r} is the pool's default, the member an idle pool returns to: it"
+                " is never unloaded for being idle (remove the setting, or the default)",
+            )
 
 
 def _check_backend_pools(
