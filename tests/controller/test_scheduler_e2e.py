@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+import openai
 import yaml
 
 from hotseat.launcher import free_port, start_service
@@ -291,4 +293,88 @@ async def test_an_idle_resident_without_a_default_is_unloaded(make_stack: Make) 
     await stack.wait_resident(None, timeout=30)
     reasons = [e["reason"] for e in await swaps_started(stack)]
     assert reasons[-1] == "idle_unload", reasons
+    await stack.assert_invariants()
+
+
+def keep_alive_config() -> dict[str, Any]:
+    """Rule coder-ka: coder only, Wait, holdKeepAlive 0.2s; the pool's budget is 4s."""
+    config = pool_stack_config(pool={"swapBudget": "4s"})
+    config["rules"].append(
+        {
+            "name": "coder-ka",
+            "match": {"models": ["coder-ka"]},
+            "route": {"backends": ["coder"]},
+            "holdKeepAlive": "0.2s",
+        }
+    )
+    return config
+
+
+async def held_stream_lines(url: str, busy: asyncio.Task[httpx.Response]) -> list[str]:
+    """A raw streaming request for coder-ka: its headers must arrive while ``busy`` (the
+    incumbent's request) still runs; returns every line of its body."""
+    async with (
+        httpx.AsyncClient(timeout=60) as client,
+        client.stream(
+            "POST",
+            f"{url}/v1/chat/completions",
+            json={**body("coder-ka", 3), "stream": True},
+        ) as response,
+    ):
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert not busy.done(), "headers came after the hold: nothing was sent early"
+        return [line async for line in response.aiter_lines() if line]
+
+
+async def test_a_held_stream_gets_headers_and_keep_alive_comments(make_stack: Make) -> None:
+    """holdKeepAlive: a streaming request held behind judge gets its 200 and SSE comments
+    (place and estimate) while held, then a comment naming coder and coder's stream; the
+    OpenAI SDK reads the same content as unheld; held past its budget, the stream ends
+    with the OpenAI error event of pool_activation_timeout."""
+    stack = started(make_stack(keep_alive_config()))
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    busy = asyncio.create_task(chat(url, "judge", max_tokens=16))  # 0.8 s
+    await eventually(lambda: _leased(stack, "judge"))
+    lines = await held_stream_lines(url, busy)
+    assert (await busy).status_code == 200
+    comments = [line for line in lines if line.startswith(":")]
+    waiting = [c for c in comments if c.startswith(": hotseat waiting for coder, position 1")]
+    assert len(waiting) >= 2, lines
+    assert comments[-1] == ": hotseat backend coder", lines
+    data = [line for line in lines if line.startswith("data: ")]
+    assert data[-1] == "data: [DONE]"
+    assert lines.index(comments[-1]) < lines.index(data[0])
+
+    # The SDK through the same held path reads exactly what an unheld request gets.
+    assert (await chat(url, "judge")).status_code == 200
+    await stack.wait_resident("judge")
+    busy = asyncio.create_task(chat(url, "judge", max_tokens=16))
+    await eventually(lambda: _leased(stack, "judge"))
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0) as sdk:
+        held = await sdk.chat.completions.create(
+            model="coder-ka", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+            stream=True,
+        )  # fmt: skip
+        held_text = "".join([c.choices[0].delta.content or "" async for c in held if c.choices])
+        assert not busy.done() or (await busy).status_code == 200
+        direct = await sdk.chat.completions.create(
+            model="coder-ka", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+            stream=True,
+        )  # fmt: skip
+        direct_text = "".join([c.choices[0].delta.content or "" async for c in direct if c.choices])
+    assert held_text == direct_text != ""
+
+    # Held past the pool's 4 s budget (judge busy 10 s): the 200 stream ends with an error.
+    assert (await chat(url, "judge")).status_code == 200
+    await stack.wait_resident("judge")
+    busy = asyncio.create_task(chat(url, "judge", max_tokens=200))  # 10 s
+    await eventually(lambda: _leased(stack, "judge"))
+    lines = await held_stream_lines(url, busy)
+    last = json.loads(lines[-1].removeprefix("data: "))
+    assert last["error"]["code"] == "pool_activation_timeout", lines
+    assert any(line.startswith(": hotseat waiting for coder") for line in lines)
+    busy.cancel()
+    await asyncio.gather(busy, return_exceptions=True)
     await stack.assert_invariants()

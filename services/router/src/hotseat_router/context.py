@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from hotseat_common.config.model import Backend
 from hotseat_common.errors import ErrorCode
 from hotseat_router.asgi import Receive
+from hotseat_router.keepalive import HeldStream
 
 
 @dataclass(slots=True)
@@ -31,6 +32,8 @@ class RequestContext:
     member: str | None = None
     status: int | None = None
     priority: int = 0
+    held_stream: HeldStream | None = None
+    """Set for a streaming request its rule answers early while held (``holdKeepAlive``)."""
     held_s: float = 0.0
     """How long the request was held for pool leases, all its attempts together."""
     finished: bool = False

@@ -22,6 +22,7 @@ backend tried was busy), pool_queue_full, then all_backends_failed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -183,14 +184,8 @@ class Dispatcher:
         result = "granted"
         try:
             async with asyncio.timeout(budget + ACQUIRE_GRACE_S):
-                return await self._activation.acquire(
-                    pool=pool,
-                    member=member,
-                    mode=route.activation,
-                    attempt=attempt.id,
-                    request_id=ctx.request_id,
-                    budget_s=budget,
-                    priority=ctx.priority,
+                return await self._acquire(
+                    ctx, route, attempt, pool=pool, member=member, budget=budget
                 )
         except TimeoutError as exc:
             result = "timeout"
@@ -231,6 +226,43 @@ class Dispatcher:
                 time.monotonic() - started
             )
         return None
+
+    async def _acquire(
+        self,
+        ctx: RequestContext,
+        route: Route,
+        attempt: Attempt,
+        *,
+        pool: str,
+        member: str,
+        budget: float,
+    ) -> Lease:
+        """The lease; for a held stream answered early, a keep-alive at every interval."""
+        held = ctx.held_stream
+        acquire = self._activation.acquire(
+            pool=pool,
+            member=member,
+            mode=route.activation,
+            attempt=attempt.id,
+            request_id=ctx.request_id,
+            budget_s=budget,
+            priority=ctx.priority,
+            on_wait=held.heard if held is not None else None,
+        )
+        if held is None:
+            return await acquire
+        task = asyncio.ensure_future(acquire)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=held.interval)
+                if done:
+                    return task.result()
+                await held.tick(member)
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _send(
         self, ctx: RequestContext, route: Route, out: Outbound, *, deadline: float, attempt: Attempt

@@ -33,6 +33,7 @@ from hotseat_router.errors import (
     spec_for,
 )
 from hotseat_router.headers import REQUEST_ID_B, end_to_end_headers, request_id_of
+from hotseat_router.keepalive import HeldStream
 from hotseat_router.matching import DEFAULT_ROUTE, Matcher, Route
 from hotseat_router.priority import request_priority
 from hotseat_router.rewrite import locate_model
@@ -114,6 +115,10 @@ class ProxyEndpoint:
         claim = self._budget.claim()
         try:
             route, outbound = await self._admit(ctx, scope, receive, creds, claim)
+            if route.hold_keep_alive is not None and outbound.fields.stream:
+                ctx.held_stream = HeldStream(
+                    send, request_id=ctx.request_id, interval=route.hold_keep_alive
+                )
             ctx.watch_client(receive)
             deadline = ctx.started + self._request_timeout
             return await self._dispatcher.walk(ctx, route, outbound, deadline)
@@ -197,6 +202,11 @@ class ProxyEndpoint:
         headers.append((REQUEST_ID_B, ctx.request_id.encode()))
         ctx.last_body()
         self._audit.finish(ctx, spec.outcome, status=status, reason=reason)
+        held = ctx.held_stream
+        if held is not None and held.started:
+            # The held stream's 200 is already sent: the error is its last event.
+            await held.event(body, last=True)
+            return
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

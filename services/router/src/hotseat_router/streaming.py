@@ -15,6 +15,7 @@ body for a complete one.
 from __future__ import annotations
 
 import asyncio
+from http import HTTPStatus
 
 from hotseat_common.errors import ErrorCode
 from hotseat_common.messages.audit import RequestOutcome
@@ -25,13 +26,17 @@ from hotseat_router.context import RequestContext
 from hotseat_router.dispatch import Dispatched
 from hotseat_router.errors import error_body
 from hotseat_router.headers import client_response_headers
-from hotseat_router.upstream import UpstreamBodyError
+from hotseat_router.keepalive import HeldStream
+from hotseat_router.upstream import UpstreamBodyError, UpstreamResponse
 
 _STREAM_ERRORS = {
     ErrorCode.STREAM_IDLE_TIMEOUT: "the upstream sent nothing for too long",
     ErrorCode.UPSTREAM_BODY_ERROR: "the upstream broke the connection mid-response",
     ErrorCode.LEASE_LOST: "the pool member's activation lease was lost mid-response",
 }
+
+
+SSE = "text/event-stream"
 
 
 class StreamAborted(Exception):
@@ -87,7 +92,8 @@ class Relay:
             self._audit.finish(ctx, RequestOutcome.CLIENT_DISCONNECTED, reason=failure)
         else:
             self._audit.finish(ctx, RequestOutcome.SERVED, reason=failure)
-            if response.content_type != "text/event-stream":
+            held = ctx.held_stream
+            if response.content_type != "text/event-stream" and not (held and held.started):
                 raise StreamAborted(_STREAM_ERRORS[failure])
             ctx.last_body()
             await send({"type": "http.response.body", "body": _sse_error(failure)})
@@ -98,18 +104,26 @@ class Relay:
         """Copy the body; ``None`` when it ended normally, else why it stopped."""
         response = dispatched.response
         lease = dispatched.lease.lease if dispatched.lease is not None else None
-        await send(
-            {
-                "type": "http.response.start",
-                "status": response.status,
-                "headers": client_response_headers(
-                    response.headers,
-                    backend=dispatched.backend.name.encode(),
-                    request_id=ctx.request_id.encode(),
-                    hold_ms=ctx.hold_ms() if dispatched.backend.pool is not None else None,
-                ),
-            }
-        )
+        held = ctx.held_stream
+        if held is not None and held.started:
+            # The headers went while the request was held: name the backend in a comment;
+            # a body that is not a stream (an error) becomes the stream's last event.
+            await held.comment(f"hotseat backend {dispatched.backend.name}")
+            if response.status >= HTTPStatus.BAD_REQUEST or response.content_type != SSE:
+                return await self._as_last_event(ctx, response, held)
+        else:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status,
+                    "headers": client_response_headers(
+                        response.headers,
+                        backend=dispatched.backend.name.encode(),
+                        request_id=ctx.request_id.encode(),
+                        hold_ms=ctx.hold_ms() if dispatched.backend.pool is not None else None,
+                    ),
+                }
+            )
         while True:
             try:
                 async with asyncio.timeout(self._idle):
@@ -131,3 +145,24 @@ class Relay:
                 await send({"type": "http.response.body", "body": chunk})
                 return None
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def _as_last_event(
+        self, ctx: RequestContext, response: UpstreamResponse, held: HeldStream
+    ) -> ErrorCode | None:
+        """An upstream body that is not a stream, sent whole as the held stream's last
+        event (it is small: an error, or a stream the upstream refused to make)."""
+        pieces: list[bytes] = []
+        while True:
+            try:
+                async with asyncio.timeout(self._idle):
+                    chunk = await response.chunk()
+            except TimeoutError:
+                return ErrorCode.STREAM_IDLE_TIMEOUT
+            except UpstreamBodyError:
+                return ErrorCode.UPSTREAM_BODY_ERROR
+            if not chunk:
+                break
+            pieces.append(chunk)
+        ctx.last_body()
+        await held.event(b"".join(pieces).strip(), last=True)
+        return None
