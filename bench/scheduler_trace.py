@@ -1,0 +1,378 @@
+"""The scheduler against recorded-style workloads (docs/adr/0006): each trace replayed
+through a real router, controller and sims, once with the pool's defaults (sticky
+residency, first come first served) and once with the scheduler's knobs on, printing
+swaps per 100 requests, hold times (p50/p99/max, from ``x-hotseat-hold-ms``) per member
+or class of request, and what the trace is about.
+
+Traces (sim loads: planner 1 s, coder 2 s, small 0.5 s, large 2 s):
+
+- ``agents``: three agents, each alternating a planner and a coder model every
+  ``--turn`` requests (1 and 3), short requests, one at a time per agent. Target: the
+  scheduler does not swap more, nor hold longer (p99, mean), than the defaults.
+- ``batch``: a batch user keeps three long streams (2 s each) on ``large`` back to back
+  while an interactive user sends a short request to ``small`` every 2 s. Target: with
+  ``maxWait: 5s`` no interactive request held longer than ``maxWait`` plus the longest
+  batch stream then running and one swap; the defaults hold it until the batch stops.
+- ``priority``: bursts of requests for two low priority members and one high priority
+  member (priority 5, rule level). Target: the high priority p99 hold at most about one
+  swap past the swap it may find in flight, and every low priority request completes.
+- ``quiet``: a request now and then, with ``idleUnloadAfter: 3s`` and a default member.
+  Target: members are unloaded once idle and the default comes back.
+
+    .venv/bin/python bench/scheduler_trace.py [--trace agents,batch,priority,quiet] [--scale 1]
+
+A measurement, not a test: counts (swaps, requests) are what noise cannot move; read the
+times with the machine's load beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from hotseat.launcher import Managed, free_port, start_nats, start_redis, start_service  # noqa: E402
+
+FAST = {
+    "HOTSEAT_TICK_INTERVAL": "0.1",
+    "HOTSEAT_RECONCILE_INTERVAL": "0.5",
+    "HOTSEAT_HEARTBEAT_TTL": "1.0",
+    "HOTSEAT_SHUTDOWN_GRACE": "3",
+    "HOTSEAT_LOG_LEVEL": "warning",
+}
+MEMBERS = {
+    "planner": {"loadSeconds": 1.0, "tokensPerSecond": 50, "memoryGiB": 8},
+    "coder": {"loadSeconds": 2.0, "tokensPerSecond": 50, "memoryGiB": 20},
+    "small": {"loadSeconds": 0.5, "tokensPerSecond": 50, "memoryGiB": 4},
+    "large": {"loadSeconds": 2.0, "tokensPerSecond": 50, "memoryGiB": 20},
+    "low-a": {"loadSeconds": 1.0, "tokensPerSecond": 50, "memoryGiB": 8},
+    "low-b": {"loadSeconds": 1.0, "tokensPerSecond": 50, "memoryGiB": 8},
+    "high": {"loadSeconds": 1.0, "tokensPerSecond": 50, "memoryGiB": 8},
+}
+
+
+@dataclass
+class Done:
+    member: str
+    label: str
+    status: int
+    hold_ms: float
+    sent: float
+
+
+@dataclass
+class Run:
+    trace: str
+    policy: str
+    done: list[Done] = field(default_factory=list)
+    swaps: int = 0
+    swap_reasons: dict[str, int] = field(default_factory=dict)
+    resident_at_end: str | None = None
+    seconds: float = 0.0
+
+
+class Fleet:
+    """One pool of sims, a controller and a router on private NATS and Redis."""
+
+    def __init__(self, workdir: Path, nats: Managed, redis: Managed) -> None:
+        self.workdir = workdir
+        self.nats = nats
+        self.redis = redis
+        self.procs: list[Managed] = []
+        self.router_url = ""
+        self.controller_url = ""
+
+    def start(self, members: list[str], pool: dict[str, Any], rules: list[dict[str, Any]]) -> None:
+        prefix = "t" + uuid.uuid4().hex[:8]
+        ports = {m: free_port() for m in members}
+        config = {
+            "router": {"name": "bench", "requestTimeout": "120s"},
+            "backends": [
+                {
+                    "name": m,
+                    "address": f"http://127.0.0.1:{p}",
+                    "pool": {"name": "gpu0", "member": m},
+                }
+                for m, p in ports.items()
+            ],
+            "pools": [
+                {
+                    "name": "gpu0",
+                    "swapBudget": "90s",
+                    "leaseTtl": "3s",
+                    "driver": {"kind": "sim", "gpuMemoryGiB": 24},
+                    "members": [
+                        {"name": m, "sim": {**MEMBERS[m], "unloadSeconds": 0.1, "slots": 8}}
+                        for m in members
+                    ],
+                    **pool,
+                }
+            ],
+            "rules": rules,
+        }
+        path = self.workdir / f"{prefix}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        env = {
+            **os.environ,
+            **FAST,
+            "HOTSEAT_NATS_URL": self.nats.url,
+            "HOTSEAT_REDIS_URL": self.redis.url,
+            "HOTSEAT_SUBJECT_PREFIX": prefix,
+            "HOTSEAT_KEY_PREFIX": prefix,
+            "HOTSEAT_AUDIT_STREAM": f"AUDIT_{prefix}",
+            "HOTSEAT_CONFIG": str(path),
+        }
+        for member, port in ports.items():
+            self.procs.append(
+                start_service(
+                    f"sim-{member}", "hotseat-sim", ["--backend", member], port=port,
+                    log_dir=self.workdir, env=env, ready_path="/control/state",
+                )
+            )  # fmt: skip
+        controller = start_service(
+            "controller", "hotseat-controller", [], port=free_port(), log_dir=self.workdir, env=env
+        )
+        router = start_service(
+            "router", "hotseat-router", [], port=free_port(), log_dir=self.workdir, env=env
+        )
+        self.procs += [controller, router]
+        self.controller_url, self.router_url = controller.url, router.url
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop(5)
+        self.procs.clear()
+
+    async def pool(self) -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=10) as client:
+            response = await client.get(f"{self.controller_url}/v1/pools/gpu0")
+            result: dict[str, Any] = response.json()
+            return result
+
+    async def wait_known(self) -> None:
+        while (await self.pool())["phase"] == "unknown":
+            await asyncio.sleep(0.1)  # polling a state no event announces
+
+    async def swaps(self) -> dict[str, int]:
+        """Swaps started, by reason (the controller's counter)."""
+        async with httpx.AsyncClient(timeout=10) as client:
+            text = (await client.get(f"{self.controller_url}/metrics")).text
+        reasons: dict[str, int] = defaultdict(int)
+        for line in text.splitlines():
+            if line.startswith("hotseat_pool_swaps_started_total{"):
+                labels, value = line.rsplit(" ", 1)
+                reason = labels.split('reason="', 1)[1].split('"', 1)[0]
+                reasons[reason] += int(float(value))
+        return dict(reasons)
+
+
+class Client:
+    def __init__(self, url: str, run: Run) -> None:
+        self.url = url
+        self.run = run
+        self.http = httpx.AsyncClient(timeout=120)
+
+    async def request(self, model: str, tokens: int, label: str, **headers: str) -> None:
+        sent = time.monotonic()
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "go"}],
+            "max_tokens": tokens,
+        }
+        response = await self.http.post(
+            f"{self.url}/v1/chat/completions", json=body, headers=headers
+        )
+        hold = float(response.headers.get("x-hotseat-hold-ms", "nan"))
+        self.run.done.append(Done(model, label, response.status_code, hold, sent))
+
+
+# --- traces ---------------------------------------------------------------------------
+
+
+async def agents(client: Client, scale: float, turn: int) -> None:
+    async def agent(index: int) -> None:
+        await asyncio.sleep(index * 0.3)  # staggered starts, as agents are
+        for step in range(round(24 * scale)):
+            model = "planner" if (step // turn) % 2 == 0 else "coder"
+            await client.request(model, 10, model)
+
+    await asyncio.gather(*(agent(i) for i in range(3)))
+
+
+async def batch(client: Client, scale: float) -> None:
+    stop = asyncio.Event()
+
+    async def batch_worker(offset: float) -> None:
+        await asyncio.sleep(offset)
+        while not stop.is_set():
+            await client.request("large", 100, "batch")  # 2 s at 50 tokens/s
+
+    async def interactive() -> None:
+        for _ in range(round(20 * scale)):
+            started = time.monotonic()
+            await client.request("small", 5, "interactive")
+            await asyncio.sleep(max(0.0, 2.0 - (time.monotonic() - started)))
+        stop.set()
+
+    await asyncio.gather(interactive(), *(batch_worker(i * 0.7) for i in range(3)))
+
+
+async def priority(client: Client, scale: float) -> None:
+    async def burst() -> None:
+        low = [client.request(m, 20, "low") for m in ("low-a", "low-b") for _ in range(3)]
+        high = [client.request("high", 5, "high") for _ in range(2)]
+        await asyncio.gather(*low, *high)
+
+    for _ in range(round(6 * scale)):
+        started = time.monotonic()
+        await burst()
+        await asyncio.sleep(max(0.0, 3.0 - (time.monotonic() - started)))
+
+
+async def quiet(client: Client, scale: float) -> None:
+    for model, pause in [("coder", 6), ("planner", 2), ("coder", 8), ("coder", 1)] * round(
+        2 * scale
+    ):
+        await client.request(model, 5, model)
+        await asyncio.sleep(pause)  # the quiet between requests is the trace itself
+    await asyncio.sleep(5)  # the last idle period, long enough for idleUnloadAfter
+
+
+TRACES: dict[str, dict[str, Any]] = {
+    "agents-1": {
+        "members": ["planner", "coder"],
+        "run": lambda c, s: agents(c, s, 1),
+        "scheduler": {"maxWait": "5s"},
+    },
+    "agents-3": {
+        "members": ["planner", "coder"],
+        "run": lambda c, s: agents(c, s, 3),
+        "scheduler": {"maxWait": "5s"},
+    },
+    "batch": {"members": ["small", "large"], "run": batch, "scheduler": {"maxWait": "5s"}},
+    "priority": {
+        "members": ["low-a", "low-b", "high"],
+        "run": priority,
+        "rules": {"high": 5},
+        "scheduler": {"maxWait": "5s"},
+    },
+    "quiet": {
+        "members": ["planner", "coder"],
+        "run": quiet,
+        "pool": {"default": "planner"},
+        "scheduler": {"idleUnloadAfter": "3s"},
+    },
+}
+
+
+def rules_for(members: list[str], priorities: dict[str, int]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": m,
+            "match": {"models": [m]},
+            "route": {"backends": [m]},
+            "priority": priorities.get(m, 0),
+        }
+        for m in members
+    ]
+
+
+async def replay(fleet: Fleet, name: str, policy: str, scale: float) -> Run:
+    trace = TRACES[name]
+    pool = dict(trace.get("pool", {}))
+    if policy == "scheduler":
+        pool.update(trace["scheduler"])
+    rules = rules_for(trace["members"], trace.get("rules", {}) if policy == "scheduler" else {})
+    fleet.start(trace["members"], pool, rules)
+    run = Run(name, policy)
+    try:
+        await fleet.wait_known()
+        client = Client(fleet.router_url, run)
+        started = time.monotonic()
+        runner: Callable[[Client, float], Awaitable[None]] = trace["run"]
+        await runner(client, scale)
+        run.seconds = time.monotonic() - started
+        await client.http.aclose()
+        run.swap_reasons = await fleet.swaps()
+        run.swaps = sum(n for r, n in run.swap_reasons.items() if r != "warm_default")
+        run.resident_at_end = (await fleet.pool())["resident"]
+    finally:
+        fleet.stop()
+    return run
+
+
+# --- report -----------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def report(run: Run) -> None:
+    ok = [d for d in run.done if d.status == 200]
+    failed = len(run.done) - len(ok)
+    per100 = 100 * run.swaps / max(1, len(run.done))
+    reasons = ", ".join(f"{r} {n}" for r, n in sorted(run.swap_reasons.items()))
+    print(
+        f"  {run.policy:<9} requests {len(run.done):4d} (failed {failed})  swaps {run.swaps:3d}"
+        f" = {per100:5.1f}/100 req  [{reasons}]  resident at end: {run.resident_at_end}"
+        f"  ({run.seconds:.0f} s)"
+    )
+    by_label: dict[str, list[float]] = defaultdict(list)
+    for d in ok:
+        by_label[d.label].append(d.hold_ms)
+    for label, holds in sorted(by_label.items()):
+        mean = statistics.mean(holds)
+        print(
+            f"      {label:<12} n {len(holds):4d}  hold ms p50 {pct(holds, 50):8.0f}"
+            f"  p99 {pct(holds, 99):8.0f}  max {max(holds):8.0f}  mean {mean:8.0f}"
+        )
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="hotseat-trace-") as tmp:
+        workdir = Path(tmp)
+        nats = start_nats(workdir / "nats")
+        redis = start_redis(workdir / "redis")
+        try:
+            for name in args.trace.split(","):
+                print(f"\ntrace {name}:", flush=True)
+                for policy in ("defaults", "scheduler"):
+                    fleet = Fleet(workdir, nats, redis)
+                    report(await replay(fleet, name, policy, args.scale))
+        finally:
+            redis.stop(5)
+            nats.stop(5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", default=",".join(TRACES))
+    parser.add_argument("--scale", type=float, default=1.0, help="length of each trace")
+    args = parser.parse_args()
+    print(f"load average at the start {os.getloadavg()[0]:.1f}")
+    asyncio.run(main_async(args))
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
