@@ -32,6 +32,7 @@ from hotseat_pool_controller.model import (
     RecordSwapTime,
     SetState,
 )
+from hotseat_pool_controller.view import pool_view
 
 NOW = 10_000_000
 ME = "ctl-1"
@@ -361,3 +362,19 @@ def test_idle_unload_asks_the_slots_first_under_leases_and_slots() -> None:
     assert decide_tick(s, slots, ME).need_idle_check == "coder"
     assert decide_tick(s, slots, ME, slots_busy=True).swap is None
     assert decide_tick(s, slots, ME, slots_busy=False).swap is not None
+
+
+def test_the_pool_view_shows_the_closed_resident_and_the_queue_in_order() -> None:
+    """GET /v1/pools says when the resident is closed and who goes next, in order; a
+    closed resident's own waiters are in the queue too (they wait for the swap back)."""
+    s = busy_resident(
+        waited_ms=9_000,
+        resident_for_ms=60_000,
+        closed=True,
+        waiters={"coder": 1, "embed": 1, "chat": 2},
+        urgency={"coder": NOW - 9_000, "embed": NOW - 20_000, "chat": NOW - 100},
+    )
+    view = pool_view(FAIR, s)
+    assert view.closed
+    assert view.queue == ["embed", "coder", "chat"]
+    assert pool_view(FAIR, replace(s, closed=False)).queue == ["embed", "coder"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from hotseat_common.messages import PoolView
 from hotseat_pool_controller.decisions.hold import measured_swap_s
+from hotseat_pool_controller.decisions.schedule import ranked
 from hotseat_pool_controller.model import IN_FLIGHT, Phase, PoolPolicy, PoolSnapshot
 
 
@@ -35,4 +36,6 @@ def pool_view(policy: PoolPolicy, snap: PoolSnapshot) -> PoolView:
         waiters={m: snap.live_waiters(m) for m in policy.members},
         unhealthy=snap.unhealthy,
         relearning=snap.relearning,
+        closed=snap.closed,
+        queue=ranked(snap, excluding=None if snap.closed else snap.resident),
     )

@@ -31,6 +31,11 @@ class PoolView(BaseModel):
     """The resident failed its health checks while serving: kept until its leases end."""
     relearning: bool = False
     """The store lost its state and routers are renewing their leases back."""
+    closed: bool = False
+    """The resident takes no new request: another member's waited ``maxWait``; it drains."""
+    queue: list[str] = []
+    """Members with waiting requests, in the order they will be swapped in (most urgent
+    first: arrival moved earlier by priority)."""
 
 
 class PoolList(BaseModel):
