@@ -96,8 +96,10 @@ async def test_without_max_wait_a_waiter_is_held_to_its_budget(make_stack: Make)
 async def test_max_wait_bounds_a_waiter_behind_endless_demand(make_stack: Make) -> None:
     """The same endless demand with maxWait 1s: judge closes, drains, and coder serves the
     request; judge's own requests were held meanwhile (and served after the swap back),
-    never cut."""
-    stack = started(make_stack(pool_stack_config(pool={"maxWait": "1s", "minResidency": "0s"})))
+    never cut. With a 15 s lease the router always has a proven lease on judge to share
+    with the next request: the closure must stop that sharing, or judge never drains."""
+    pool = {"maxWait": "1s", "minResidency": "0s", "leaseTtl": "15s"}
+    stack = started(make_stack(pool_stack_config(pool=pool)))
     url = stack.routers[0].url
     await stack.wait_resident("judge")
     async with endless_demand(url, "judge") as statuses:

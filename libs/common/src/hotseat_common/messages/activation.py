@@ -157,3 +157,6 @@ class PoolStateChanged(WireModel):
     resident: str | None = None
     target: str | None = None
     reason: str
+    closed: bool | None = None
+    """True when the resident takes no new request (``maxWait``): a router stops sharing
+    its leases on it, so that new requests ask (and wait) instead."""

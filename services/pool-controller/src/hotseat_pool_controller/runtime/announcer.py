@@ -42,6 +42,7 @@ class Announcer:
             resident=snap.resident,
             target=snap.target,
             reason=reason,
+            closed=True if snap.closed else None,
         )
         try:
             await self._nc.publish(self._subjects.pool_events(pool), message.to_bytes())

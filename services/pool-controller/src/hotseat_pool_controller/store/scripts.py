@@ -155,9 +155,11 @@ RENEW = (
 -- ARGV: lease id, ttl ms, member, lease epoch, attempt, request id, router, store id
 -- Returns {1, shareable} renewed (or adopted), {0} gone, {-1} cannot tell (state unknown).
 local st = redis.call('HMGET', KEYS[2], 'phase', 'resident', 'epoch', 'store', 'relearn',
-                      'unhealthy')
+                      'unhealthy', 'closed')
+-- A resident in doubt (unhealthy) or closed to new requests (maxWait): the router keeps
+-- the lease for the requests on it but shares it with no new one.
 local shareable = 1
-if st[2] == ARGV[3] and (st[6] or '') ~= '' then shareable = 0 end
+if st[2] == ARGV[3] and ((st[6] or '') ~= '' or (st[7] or '') ~= '') then shareable = 0 end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score and tonumber(score) > now then
   redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])

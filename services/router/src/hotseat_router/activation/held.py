@@ -7,8 +7,10 @@ resident and counted busy fleet-wide (no swap can start while it lives), which i
 fresh grant would prove, so the contract is unchanged; the lease is released when the
 last request sharing it ends. Busy stays exact (live leases > 0 exactly while some router
 serves the member); the pool's lease count becomes "routers serving", not "requests". A
-lease is shared only while its renewals are on schedule and no request on it reported a
-dispatch failure (the next request then asks the controller, which checks the resident).
+lease is shared only while its renewals are on schedule, no request on it reported a
+dispatch failure (the next request then asks the controller, which checks the resident),
+and the controller has not said to stop (a renewal's ``shareable``, or a pool event: the
+member fails its health checks, or is closed to new requests by ``maxWait``).
 
 **Renewals** for every held lease come from one background task, not one per lease: most
 leases end before their first renewal is due. Each lease is renewed every ttl/3 (sooner as
@@ -129,6 +131,13 @@ class HeldLeases:
         if held is not None:
             self._unshare(held)
 
+    def unshare_member(self, pool: str, member: str) -> None:
+        """Stop sharing this router's lease on ``member``: the requests on it go on, new
+        ones ask the controller (the member was closed to new requests)."""
+        held = self._shared.get((pool, member))
+        if held is not None:
+            self._unshare(held)
+
     def _unshare(self, held: _Held) -> None:
         held.shareable = False
         if self._shared.get(held.key) is held:
@@ -174,8 +183,9 @@ class HeldLeases:
         if reply is not None and reply.ok:
             held.prove(asked_at + reply.ttl_s)
             if not reply.shareable:
-                # The member fails its health checks: the requests on this lease go on,
-                # new ones ask the controller (which holds or skips them).
+                # The member fails its health checks or is closed to new requests: the
+                # requests on this lease go on, new ones ask the controller (which holds
+                # or skips them).
                 self._unshare(held)
         elif reply is not None and reply.code is None:
             self._lose(held)

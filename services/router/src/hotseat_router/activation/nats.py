@@ -119,6 +119,9 @@ class NatsActivationClient:
         except ValidationError:
             log.warning("pool_event_invalid", subject=msg.subject)
             return
+        if event.closed and event.resident is not None:
+            # New requests for a closed resident must ask the controller (and be held).
+            self._leases.unshare_member(event.pool, event.resident)
         self._signal(event.pool).bump()
 
     async def _request(self, subject: str, message: WireModel, timeout: float) -> bytes:
