@@ -378,3 +378,23 @@ def test_the_pool_view_shows_the_closed_resident_and_the_queue_in_order() -> Non
     assert view.closed
     assert view.queue == ["embed", "coder", "chat"]
     assert pool_view(FAIR, replace(s, closed=False)).queue == ["embed", "coder"]
+
+
+def test_a_new_resident_serves_the_requests_it_came_for_before_it_closes() -> None:
+    """Just swapped in for its waiters, a resident is not closed while they re-ask, even
+    if another member's waiter already waited maxWait: else every swap would be undone
+    before anyone was served (found by the state machine with a 1 ms maxWait)."""
+    policy = replace(FAIR, min_residency_ms=0)
+    s = busy_resident(
+        waited_ms=60_000,
+        resident_for_ms=10,
+        phase=Phase.IDLE,
+        target=None,
+        leases={},
+        waiters={"coder": 1, "chat": 2},
+        urgency={"coder": NOW - 60_000, "chat": NOW - 70_000},
+    )
+    d = decide_acquire(s, ask("chat"), policy, ME)
+    assert isinstance(d.reply, Granted)
+    later = replace(s, committed_ms=NOW - policy.waiter_grace_ms)
+    assert isinstance(decide_acquire(later, ask("chat"), policy, ME).reply, WaitReply)

@@ -780,6 +780,19 @@ def test_controller_transitions_keep_the_contract_with_slots(
     run_to_quiescence(WithSlots, examples=40, steps=40)
 
 
+def test_controller_transitions_keep_the_contract_with_max_wait(
+    machine: type[ControllerMachine],
+) -> None:
+    """The same with the scheduler closing the resident as soon as another member waits
+    (maxWait and minResidency of a millisecond, docs/adr/0006): closing stops new grants,
+    never a lease; every waiter, the closed resident's own included, is still answered."""
+
+    class Closing(machine):  # type: ignore[misc, valid-type]
+        policy = replace(POLICY, max_wait_ms=1, min_residency_ms=0)
+
+    run_to_quiescence(Closing, examples=40, steps=40)
+
+
 def test_machine_detects_two_residents_and_a_cut() -> None:
     """The simulated GPU's checks can fail: a load beside another member trips one, an
     unload of a member that a router still holds a lease on trips the other."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from hotseat_pool_controller.decisions.busy import just_committed
 from hotseat_pool_controller.model import IN_FLIGHT, SERVING, PoolPolicy, PoolSnapshot
 
 MIN_RESIDENCY_FLOOR_MS = 1000
@@ -48,19 +49,22 @@ def min_residency_ms(snap: PoolSnapshot, policy: PoolPolicy) -> int:
 
 def closing_for(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
     """The member the resident must close for now (``maxWait``): the most urgent other
-    member, once its most urgent waiter has waited ``maxWait`` and the resident has been
-    resident ``minResidency``; ``None`` when nothing closes (or it is closed already)."""
-    if policy.max_wait_ms is None or snap.closed or snap.resident is None:
-        return None
-    if snap.phase not in SERVING:
+    member, once its most urgent waiter has waited ``maxWait``, the resident has been
+    resident ``minResidency`` and the requests it came in for have been served; ``None``
+    when nothing closes (or it is closed already)."""
+    if policy.max_wait_ms is None or snap.closed or snap.phase not in SERVING:
         return None
     member = most_urgent(snap, excluding=snap.resident)
-    if member is None:
+    if member is None or snap.resident is None:
         return None
     waited = snap.now_ms - snap.urgency.get(member, snap.now_ms)
     if waited < policy.max_wait_ms:
         return None
     if snap.now_ms - snap.committed_ms < min_residency_ms(snap, policy):
+        return None
+    if snap.live_waiters(snap.resident) > 0 and just_committed(snap, policy):
+        # The requests it was swapped in for are re-asking right now: serve them first,
+        # or a pool whose waiters all waited maxWait would swap for ever, serving no one.
         return None
     return member
 
