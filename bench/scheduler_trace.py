@@ -10,9 +10,10 @@ Traces (sim loads: planner 1 s, coder 2 s, small 0.5 s, large 2 s):
   ``--turn`` requests (1 and 3), short requests, one at a time per agent. Target: the
   scheduler does not swap more, nor hold longer (p99, mean), than the defaults.
 - ``batch``: a batch user keeps three long streams (2 s each) on ``large`` back to back
-  while an interactive user sends a short request to ``small`` every 2 s. Target: with
-  ``maxWait: 5s`` no interactive request held longer than ``maxWait`` plus the longest
-  batch stream then running and one swap; the defaults hold it until the batch stops.
+  while an interactive user sends a short request to ``small`` every 2 s for 40 s (the
+  pool's swapBudget is 30 s). Target: with ``maxWait: 5s`` no interactive request held
+  longer than ``maxWait`` plus the longest batch stream then running and one swap; the
+  defaults hold it until the batch leaves a gap, or answer 503 at the budget.
 - ``priority``: bursts of requests for two low priority members and one high priority
   member (priority 5, rule level). Target: the high priority p99 hold at most about one
   swap past the swap it may find in flight, and every low priority request completes.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -114,7 +116,7 @@ class Fleet:
             "pools": [
                 {
                     "name": "gpu0",
-                    "swapBudget": "90s",
+                    "swapBudget": "30s",
                     "leaseTtl": "3s",
                     "driver": {"kind": "sim", "gpuMemoryGiB": 24},
                     "members": [
@@ -224,10 +226,12 @@ async def batch(client: Client, scale: float) -> None:
             await client.request("large", 100, "batch")  # 2 s at 50 tokens/s
 
     async def interactive() -> None:
+        # A request every 2 s for 40 s of trace, whether or not the last one was served.
+        sent: list[asyncio.Task[None]] = []
         for _ in range(round(20 * scale)):
-            started = time.monotonic()
-            await client.request("small", 5, "interactive")
-            await asyncio.sleep(max(0.0, 2.0 - (time.monotonic() - started)))
+            sent.append(asyncio.create_task(client.request("small", 5, "interactive")))
+            await asyncio.sleep(2.0)
+        await asyncio.gather(*sent)
         stop.set()
 
     await asyncio.gather(interactive(), *(batch_worker(i * 0.7) for i in range(3)))
@@ -365,6 +369,8 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    # A SIGTERM unwinds like Ctrl-C, so every fleet's processes are stopped on the way out.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", default=",".join(TRACES))
     parser.add_argument("--scale", type=float, default=1.0, help="length of each trace")
