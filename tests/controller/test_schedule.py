@@ -398,3 +398,10 @@ def test_a_new_resident_serves_the_requests_it_came_for_before_it_closes() -> No
     assert isinstance(d.reply, Granted)
     later = replace(s, committed_ms=NOW - policy.waiter_grace_ms)
     assert isinstance(decide_acquire(later, ask("chat"), policy, ME).reply, WaitReply)
+
+
+def test_another_members_swap_times_never_refuse_a_request() -> None:
+    """Only a member's own measured swaps count: the pool's (other members') do not."""
+    busy = snap(resident="chat", leases={"chat": 1}, swap_times=(60.0,))
+    d = decide_acquire(busy, ask("coder", hold_ms=1_000), POLICY, ME)
+    assert isinstance(d.reply, WaitReply)

@@ -84,11 +84,14 @@ async def test_swap_longer_than_budget_with_a_burst_over_the_queue_cap(
     make_stack: MakeFaultStack,
 ) -> None:
     """A swap (6 s load) longer than the swap budget (1.5 s), hit by 40 concurrent
-    requests with maxWaiters 10, four times: held requests get 503 + Retry-After when
-    their budget runs out, while the load is still running, the queue never holds more
-    than its cap (the excess is rejected with Retry-After before any held request is
-    answered), and nothing stays held or in flight after a burst. (Answer times and the
-    router's memory over the bursts: bench/fault_timings.py.)"""
+    requests with maxWaiters 10. Before the member's load was ever measured: held
+    requests get 503 + Retry-After when their budget runs out, while the load is still
+    running, the queue never holds more than its cap (the excess is rejected with
+    Retry-After before any held request is answered), and nothing stays held or in flight
+    after the burst. Once a member's 6 s load is measured, a burst for it is refused at
+    once, every request (pool_activation_timeout, reason eta_over_budget, Retry-After of
+    the estimate): nothing is held to its budget for nothing, and no swap starts. (Answer
+    times and the router's memory over bursts: bench/fault_timings.py.)"""
     budget, cap, burst = 1.5, 10, 40
     stack = make_stack(
         pool_stack_config(
@@ -100,14 +103,14 @@ async def test_swap_longer_than_budget_with_a_burst_over_the_queue_cap(
     stack.start_sims()
     stack.start_controller("c1")
     router = stack.start_router()
-    await stack.wait_resident("judge", timeout=20)
-    target = "coder"
+    await stack.wait_resident("judge", timeout=20)  # judge's 6 s load is measured now
     limits = httpx.Limits(max_connections=burst, max_keepalive_connections=burst)
-    http = httpx.AsyncClient(timeout=30, limits=limits)
-    for _ in range(4):
-        answers = await asyncio.gather(*(_answered(http, router.url, target) for _ in range(burst)))
+    async with httpx.AsyncClient(timeout=30, limits=limits) as http:
+        answers = await asyncio.gather(
+            *(_answered(http, router.url, "coder") for _ in range(burst))
+        )
         # Every held request was answered while the 6 s load it waited for still ran.
-        assert (await stack.pool())["resident"] != target, "answered only after the swap"
+        assert (await stack.pool())["resident"] != "coder", "answered only after the swap"
         codes = Counter(code for code, _, _ in answers)
         assert set(codes) <= {"pool_activation_timeout", "pool_queue_full"}, codes
         assert all(retry for _, _, retry in answers), "a 503 without Retry-After"
@@ -120,10 +123,31 @@ async def test_swap_longer_than_budget_with_a_burst_over_the_queue_cap(
         assert max(rejected) < min(held), "a queue-full answer waited like a held one"
         # Nothing is left held or in flight in the router after the burst.
         await eventually(lambda: _router_idle(stack), timeout=20)
-        await stack.wait_resident(target, timeout=20)
-        target = "judge" if target == "coder" else "coder"
-    await http.aclose()
+        await stack.wait_resident("coder", timeout=20)
+
+        started = len([e for e in await stack.settled_audit() if e["outcome"] == "swap_started"])
+        answers = await asyncio.gather(
+            *(_answered(http, router.url, "judge") for _ in range(burst))
+        )
+        assert {code for code, _, _ in answers} == {"pool_activation_timeout"}
+        assert all(int(retry or 0) >= 6 for _, _, retry in answers), answers
+        await eventually(lambda: _router_idle(stack), timeout=20)
+        events = await stack.settled_audit()
+        refused = [
+            e
+            for e in events
+            if e["kind"] == "request" and e["outcome"] == "pool_activation_timeout"
+        ]
+        assert sum(e.get("reason") == "eta_over_budget" for e in refused) == burst
+        assert len([e for e in events if e["outcome"] == "swap_started"]) == started
+        assert (await stack.pool())["resident"] == "coder"
     await stack.assert_invariants()
+
+
+async def _burst(
+    http: httpx.AsyncClient, url: str, model: str, size: int
+) -> list[tuple[str, float, str | None]]:
+    return await asyncio.gather(*(_answered(http, url, model) for _ in range(size)))
 
 
 async def _router_idle(stack: FaultStack) -> bool:

@@ -20,10 +20,10 @@ def _mean(values: tuple[float, ...]) -> float | None:
 
 
 def swap_s(snap: PoolSnapshot, member: str | None) -> float | None:
-    """The measured time of a swap to ``member``: its own recent swaps, else the pool's;
-    ``None`` before any was measured."""
-    own = _mean(snap.member_swap_times.get(member, ())) if member else None
-    return own if own is not None else _mean(snap.swap_times)
+    """The measured time of a swap to ``member``, from its own recent swaps; ``None``
+    before one was measured (another member's load says nothing about this one's, and
+    the estimate must never refuse on a guess)."""
+    return _mean(snap.member_swap_times.get(member, ())) if member else None
 
 
 def ranked(snap: PoolSnapshot, *, excluding: str | None = None) -> list[str]:
