@@ -30,5 +30,5 @@ def test_sizes_parse_to_bytes(value: object, size: int) -> None:
 def test_what_is_not_a_size_is_refused(value: object) -> None:
     """Negative counts, spaces, unknown or lower-case units, fractions of a byte count and
     non-numbers are refused with the reason."""
-    with pytest.raises(ValueError, match="size|negative"):
+    with pytest.raises(ValueError, match=r"size|negative"):
         parse_size(value)
