@@ -141,3 +141,25 @@ async def test_the_pool_budget_drops_the_least_recently_used_across_members(
     assert not list((tmp_path / "a").iterdir())
     assert [p.name for p in (tmp_path / "b").iterdir()] == [cache_file_name(KEY, 0)]
     await caches.aclose()
+
+
+async def test_a_file_the_server_refuses_is_deleted(start_sim: StartSim, tmp_path: Path) -> None:
+    """A file under this member's key that its server refuses (here: written by another
+    model) fails the restore with reason error and is deleted, so no later swap tries it
+    again; the slot stays empty."""
+    config = pool_config(tmp_path)
+    caches = SlotCaches(config.pools[0])
+    a = await start_sim(config, "a", loaded=True)
+    b = await start_sim(config, "b", loaded=True)
+    await chat(b, 30)
+    assert (await caches.save("b", b.url, KEY)).tokens == 32
+    foreign = tmp_path / "a" / cache_file_name(KEY, 0)
+    foreign.write_bytes((tmp_path / "b" / cache_file_name(KEY, 0)).read_bytes())
+    refused = await caches.restore("a", a.url, KEY)
+    assert [f.reason for f in refused.failures] == [CacheFailure.ERROR]
+    assert refused.slots == 0
+    assert not foreign.exists()
+    async with httpx.AsyncClient() as client:
+        [slot] = (await client.get(f"{a.url}/slots")).json()
+    assert "n_prompt_tokens" not in slot
+    await caches.aclose()

@@ -96,10 +96,12 @@ class _Tally:
 
 
 class _Refused(Exception):
-    def __init__(self, reason: CacheFailure, detail: str) -> None:
+    def __init__(self, reason: CacheFailure, detail: str, status: int | None = None) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+        self.status = status
+        """The server's HTTP status, when it answered."""
 
 
 class SlotCaches:
@@ -240,7 +242,7 @@ class SlotCaches:
                 answer = await self._action(base_url, slot, "restore", path.name)
             except _Refused as exc:
                 tally.fail(exc.reason, exc.detail, slot)
-                if exc.reason is CacheFailure.ERROR:  # refused file: it would be refused again
+                if exc.status == 400:  # the server refused the file: it would refuse it again
                     await asyncio.to_thread(path.unlink, missing_ok=True)
                 continue
             await asyncio.to_thread(os.utime, path)  # used now: the budget keeps it longest
@@ -271,13 +273,13 @@ class SlotCaches:
             )
         except httpx.HTTPError as exc:
             raise _Refused(CacheFailure.ERROR, f"{action} slot {slot}: {exc!r}") from exc
-        if response.status_code == 501:
-            raise _Refused(CacheFailure.UNSUPPORTED, f"{action} slot {slot}: {_message(response)}")
+        status = response.status_code
+        if status == 501:
+            detail = f"{action} slot {slot}: {_message(response)}"
+            raise _Refused(CacheFailure.UNSUPPORTED, detail, status)
         if not response.is_success:
-            raise _Refused(
-                CacheFailure.ERROR,
-                f"{action} slot {slot}: HTTP {response.status_code}: {_message(response)}",
-            )
+            detail = f"{action} slot {slot}: HTTP {status}: {_message(response)}"
+            raise _Refused(CacheFailure.ERROR, detail, status)
         try:
             answer = response.json()
         except ValueError as exc:
