@@ -1,4 +1,4 @@
-"""Prompt-cache carry-over across swaps (docs/adr/0006): what it changes, measured.
+"""Prompt-cache carry-over across swaps (docs/adr/0007): what it changes, measured.
 
 A chat workload alternates two members of one pool, each with its own growing
 conversation: every turn swaps the other member back (an admin swap, timed until the

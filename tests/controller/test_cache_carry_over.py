@@ -1,4 +1,4 @@
-"""Prompt caches carried across swaps (docs/adr/0006), end to end with sim members: real
+"""Prompt caches carried across swaps (docs/adr/0007), end to end with sim members: real
 controller and router processes, the sims' llama.cpp slot API, real NATS and Redis."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prompt caches carried across swaps on real ``llama-server`` members (docs/adr/0006):
+"""Prompt caches carried across swaps on real ``llama-server`` members (docs/adr/0007):
 real controller and router processes, the process driver, the tiny generated models."""
 
 from __future__ import annotations

@@ -283,7 +283,7 @@ class SwapOrder:
 
 @dataclass(frozen=True, slots=True)
 class CacheFigures:
-    """What one swap's prompt-cache steps moved, over all its members (docs/adr/0006)."""
+    """What one swap's prompt-cache steps moved, over all its members (docs/adr/0007)."""
 
     saved_bytes: int = 0
     saved_tokens: int = 0

@@ -280,7 +280,7 @@ class KubernetesMember(_Model):
 
 class MemberCache(_Model):
     """Carry the member's prompt cache over swaps: llama.cpp slot save before its unload,
-    restore after its load (docs/llama.md; ADR 0006)."""
+    restore after its load (docs/llama.md; ADR 0007)."""
 
     carry_over: bool = False
     """Save every non-empty slot before an unload, restore them after the next load."""

@@ -94,7 +94,7 @@ class AuditEvent(WireModel):
     epoch: int | None = None
     reason: str | None = None
     cache_saved_bytes: int | None = None
-    """A swap's prompt-cache save: bytes written (docs/adr/0006)."""
+    """A swap's prompt-cache save: bytes written (docs/adr/0007)."""
     cache_saved_tokens: int | None = None
     cache_save_ms: float | None = None
     cache_restored_bytes: int | None = None

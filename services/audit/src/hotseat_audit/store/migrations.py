@@ -144,7 +144,7 @@ _V2_COLUMNS = (
     ("cache_restored_tokens", "INTEGER", "bigint"),
     ("cache_restore_ms", "REAL", "double precision"),
 )
-"""A swap's prompt-cache figures (docs/adr/0006): nullable, so old rows need nothing."""
+"""A swap's prompt-cache figures (docs/adr/0007): nullable, so old rows need nothing."""
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "events and dead letters", sqlite=_V1_SQLITE, postgres=_V1_POSTGRES),

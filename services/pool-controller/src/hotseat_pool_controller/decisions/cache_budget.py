@@ -1,5 +1,5 @@
 """Which saved prompt caches to drop so that every member's files, and the pool's as a
-whole, fit their disk budgets: the least recently used first (docs/adr/0006)."""
+whole, fit their disk budgets: the least recently used first (docs/adr/0007)."""
 
 from __future__ import annotations
 

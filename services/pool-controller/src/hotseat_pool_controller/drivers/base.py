@@ -95,7 +95,7 @@ NOT_RUNNING = "not running"
 
 @dataclass(frozen=True, slots=True)
 class CacheReport:
-    """What one save or restore of a member's slots did (docs/adr/0006)."""
+    """What one save or restore of a member's slots did (docs/adr/0007)."""
 
     member: str
     action: Literal["save", "restore"]

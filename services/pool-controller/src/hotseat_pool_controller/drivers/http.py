@@ -21,7 +21,7 @@ loaded check, a member still loading looks gone, so then only a refused connecti
 the call), then waits until it is gone. The call and the wait after it are each bounded by
 ``requestTimeout``.
 
-Prompt caches (``cache.carryOver``, docs/adr/0006): a llama.cpp server started with
+Prompt caches (``cache.carryOver``, docs/adr/0007): a llama.cpp server started with
 ``--slot-save-path`` naming the member's ``cache.dir`` (as this controller sees it) has its
 slots saved before the unload call and restored after the load, keyed by the identity of
 ``cache.modelFile``. The driver cannot see which model the remote process loaded, nor when
@@ -182,7 +182,7 @@ class HttpDriver(CarriesSlotCaches):
         await self._client.aclose()
         await self._caches.aclose()
 
-    # --- prompt caches (docs/adr/0006) --------------------------------------------------
+    # --- prompt caches (docs/adr/0007) --------------------------------------------------
 
     async def _carry(self, member: str, action: Literal["save", "restore"]) -> CacheReport:
         spec = self._spec(member)

@@ -5,7 +5,7 @@ another model with the same shapes it would be silently wrong. So the files are 
 key derived from what the cells depend on: the model file's identity (its size, its
 modification time and a hash of its first MiB, where a GGUF file keeps its header and
 metadata; never its name alone) and, for a process member, the command line and the
-server executable (docs/adr/0006).
+server executable (docs/adr/0007).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ refused, so a controller frozen past its heartbeat cannot kill or start a member
 thaws. A controller shutting down stops the members it started only if no newer owner
 has acted on the pool since.
 
-Prompt caches (``cache.carryOver``, docs/adr/0006): the command gets ``--slot-save-path``
+Prompt caches (``cache.carryOver``, docs/adr/0007): the command gets ``--slot-save-path``
 and the member's slot directory; the key of its saved slots is computed when the process
 starts (the model file's identity, the command line, the executable). Its slots are saved
 under that key only while the model file is still the one it started with, and restored
@@ -102,7 +102,7 @@ class _Running:
     model: str | None = None
     """The model file's identity when the process started (prompt-cache carry-over)."""
     key: str | None = None
-    """The key of its saved slots (docs/adr/0006)."""
+    """The key of its saved slots (docs/adr/0007)."""
 
     @property
     def pid(self) -> int:
@@ -238,7 +238,7 @@ class ProcessDriver(CarriesSlotCaches):
             await self._client.aclose()
             await self._caches.aclose()
 
-    # --- prompt caches (docs/adr/0006) --------------------------------------------------
+    # --- prompt caches (docs/adr/0007) --------------------------------------------------
 
     async def _carry(self, member: str, action: Literal["save", "restore"]) -> CacheReport:
         spec = self._spec(member)

@@ -3,7 +3,7 @@
 Prompt caches (``cache.carryOver``): a sim serves llama.cpp's slot save and restore in
 the member's slot directory (the same config tells both sides where); the key of its
 saved slots names the member, its model and, when ``cache.modelFile`` is set, that
-file's identity (docs/adr/0006)."""
+file's identity (docs/adr/0007)."""
 
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ class SimDriver(CarriesSlotCaches):
         await self._client.aclose()
         await self._caches.aclose()
 
-    # --- prompt caches (docs/adr/0006) --------------------------------------------------
+    # --- prompt caches (docs/adr/0007) --------------------------------------------------
 
     def carries(self, member: str) -> bool:
         return self._caches.carries(member) and member in self._addresses

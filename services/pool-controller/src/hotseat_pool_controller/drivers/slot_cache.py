@@ -16,7 +16,7 @@ can never be restored); after each save the least recently used files are delete
 the member's and the pool's budgets hold (:mod:`..decisions.cache_budget`).
 
 Nothing here raises for a failed save or restore: the report says what failed, and the
-swap goes on (docs/adr/0006).
+swap goes on (docs/adr/0007).
 """
 
 from __future__ import annotations

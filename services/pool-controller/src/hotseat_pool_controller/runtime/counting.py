@@ -49,7 +49,7 @@ class Counting:
         self._metrics.residents_unhealthy.labels(pool, member).inc()
 
     def cache_step(self, pool: str, report: CacheReport) -> None:
-        """A member's prompt-cache save or restore (docs/adr/0006)."""
+        """A member's prompt-cache save or restore (docs/adr/0007)."""
         member, action = report.member, report.action
         self._metrics.cache_bytes.labels(pool, member, action).inc(report.bytes)
         self._metrics.cache_tokens.labels(pool, member, action).inc(report.tokens)

@@ -23,5 +23,5 @@ class Outcomes:
             await self._announcer.state_changed(self._pool, snap, reason)
 
     def cache_step(self, report: CacheReport) -> None:
-        """A member's prompt cache saved or restored during a swap (docs/adr/0006)."""
+        """A member's prompt cache saved or restored during a swap (docs/adr/0007)."""
         self._announcer.cache_step(self._pool, report)

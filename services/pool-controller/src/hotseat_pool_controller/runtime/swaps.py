@@ -12,7 +12,7 @@ The heartbeat never cancels the swap anywhere else: every store step checks owne
 itself, and the swap's own last step (commit, cancel, fail) ends the claim, so a heartbeat
 that reads the pool right after it must not cut the swap's announcements short.
 
-Prompt caches (docs/adr/0006): with a driver that carries them, a member's slots are saved
+Prompt caches (docs/adr/0007): with a driver that carries them, a member's slots are saved
 right before its unload, only while it is provably idle (no live lease in the snapshot
 read just before, and the driver finds its ``/slots`` idle), and the target's slots are
 restored after its load and before the commit, so before the first grant. A save or
