@@ -24,6 +24,7 @@ from pydantic_core import PydanticUndefined
 
 from hotseat_common.config.model import HotseatConfig, http_url
 from hotseat_common.durations import format_duration, parse_duration
+from hotseat_common.sizes import parse_size
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 BEGIN = "<!-- BEGIN GENERATED: field reference (scripts/gen_config_docs.py) -->"
@@ -131,12 +132,14 @@ def type_text(annotation: Any, metadata: Sequence[Any], anchors: dict[type, str]
 
 
 def _validated_words(meta: list[Any]) -> str | None:
-    """Types recognised by their validator or pattern: durations, URLs, names."""
+    """Types recognised by their validator or pattern: durations, sizes, URLs, names."""
     validators = {
         getattr(m, "func", None) for m in meta if isinstance(m, BeforeValidator | AfterValidator)
     }
     if parse_duration in validators:
         return "[duration](#writing-values)"
+    if parse_size in validators:
+        return "[size](#writing-values)"
     if http_url in validators:
         return "http(s) URL"
     if any(getattr(m, "pattern", None) for m in meta):

@@ -183,6 +183,39 @@ class PoolMetrics:
             ["pool"],
             registry=registry,
         )
+        self.cache_bytes = Counter(
+            "hotseat_pool_cache_bytes_total",
+            "Bytes of prompt cache saved before unloads and restored after loads (action:"
+            " save, restore).",
+            ["pool", "member", "action"],
+            registry=registry,
+        )
+        self.cache_tokens = Counter(
+            "hotseat_pool_cache_tokens_total",
+            "Tokens of prompt cache saved and restored (action: save, restore).",
+            ["pool", "member", "action"],
+            registry=registry,
+        )
+        self.cache_duration = Histogram(
+            "hotseat_pool_cache_duration_seconds",
+            "Time a member's prompt-cache save added to its unload, or its restore to its load.",
+            ["pool", "member", "action"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.cache_failures = Counter(
+            "hotseat_pool_cache_failures_total",
+            "Prompt-cache saves and restores that failed or were skipped (reason: unsupported,"
+            " busy, timeout, model_changed, error); the swap went on.",
+            ["pool", "member", "action", "reason"],
+            registry=registry,
+        )
+        self.cache_files_dropped = Counter(
+            "hotseat_pool_cache_files_dropped_total",
+            "Saved prompt caches deleted (reason: budget, stale: of another model identity).",
+            ["pool", "member", "reason"],
+            registry=registry,
+        )
         self.audit_publish = AuditPublishMetrics(registry)
 
 

@@ -282,6 +282,18 @@ class SwapOrder:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheFigures:
+    """What one swap's prompt-cache steps moved, over all its members (docs/adr/0007)."""
+
+    saved_bytes: int = 0
+    saved_tokens: int = 0
+    save_ms: float = 0.0
+    restored_bytes: int = 0
+    restored_tokens: int = 0
+    restore_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class AuditIntent:
     outcome: PoolOutcome
     member: str | None = None
@@ -290,6 +302,8 @@ class AuditIntent:
     epoch: int | None = None
     reason: str | None = None
     request_id: str | None = None
+    cache: CacheFigures | None = None
+    """A swap's prompt-cache figures, on its terminal event when it saved or restored."""
 
     @classmethod
     def of_swap(

@@ -73,6 +73,8 @@ def create_app(settings: SimSettings, profile: SimProfile) -> FastAPI:
                         max_entries=settings.ledger_max_entries,
                     )
                 )
+            if profile.slot_dir is not None:  # llama-server wants its --slot-save-path to exist
+                profile.slot_dir.mkdir(parents=True, exist_ok=True)
             model = ModelState(profile, ledger)
             stack.push_async_callback(model.shutdown)
             await model.forget_stale_residency()

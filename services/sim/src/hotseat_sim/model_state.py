@@ -71,6 +71,11 @@ class Ticket:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str | None = None
     started: bool = False
+    prompt_n: int = 0
+    """Prompt tokens it evaluated (those its slot had not cached)."""
+    cache_n: int = 0
+    """Prompt tokens its slot had cached."""
+    prompt_ms: float = 0.0
 
     def halt(self, reason: str) -> None:
         if self.reason is None:
@@ -108,6 +113,8 @@ class ModelState:
         self._transition: asyncio.Task[None] | None = None
         self._tickets: set[Ticket] = set()
         self._admitted = 0
+        self.generation = 0
+        """Counts loads: slot caches of an earlier load are gone, as with a new process."""
 
     @property
     def phase(self) -> Phase:
@@ -205,6 +212,7 @@ class ModelState:
                         f"{self.profile.capacity_gib:g} GiB are in use on {self.profile.gpu}"
                     )
             self.error = None
+            self.generation += 1
             if instant or sim.load_seconds <= 0:
                 self.phase = Phase.READY
                 self._post(LedgerEvent.LOADED, epoch=epoch)

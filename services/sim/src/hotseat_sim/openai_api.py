@@ -11,7 +11,7 @@ status with an OpenAI error body (for tests of how callers treat upstream errors
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -79,6 +79,17 @@ class TextRequest:
     @property
     def finish_reason(self) -> str:
         return "length" if self.explicit_limit else "stop"
+
+
+def timings(ticket: Ticket, predicted: int) -> dict[str, Any]:
+    """llama.cpp's ``timings`` of a response: ``prompt_n`` tokens evaluated, ``cache_n``
+    taken from the slot's cache, ``predicted_n`` generated."""
+    return {
+        "cache_n": ticket.cache_n,
+        "prompt_n": ticket.prompt_n,
+        "prompt_ms": round(ticket.prompt_ms, 3),
+        "predicted_n": predicted,
+    }
 
 
 def sse(obj: dict[str, Any]) -> bytes:
@@ -208,12 +219,18 @@ def _ticket(request: Request, sim: SimRuntime) -> Ticket | Response:
 
 
 async def _collect(
-    request: Request, sim: SimRuntime, ticket: Ticket, seed: str, n: int
+    request: Request,
+    sim: SimRuntime,
+    ticket: Ticket,
+    seed: str,
+    n: int,
+    *,
+    prompt: Sequence[str] = (),
 ) -> str | Response:
     """Generate without streaming; the client leaving or an unload stops it."""
     watcher = asyncio.create_task(until_disconnect(request, ticket))
     try:
-        async with aclosing(sim.tokens(ticket, seed, n)) as stream:
+        async with aclosing(sim.tokens(ticket, seed, n, prompt)) as stream:
             return "".join([token async for token in stream])
     except Halted:
         if ticket.reason == "disconnected":
@@ -223,10 +240,12 @@ async def _collect(
         watcher.cancel()
 
 
-async def _stream_tokens(sim: SimRuntime, ticket: Ticket, seed: str, n: int) -> AsyncGenerator[str]:
+async def _stream_tokens(
+    sim: SimRuntime, ticket: Ticket, seed: str, n: int, prompt: Sequence[str]
+) -> AsyncGenerator[str]:
     """Tokens for an SSE body; an unload cuts the connection, a disconnect just ends."""
     try:
-        async with aclosing(sim.tokens(ticket, seed, n)) as stream:
+        async with aclosing(sim.tokens(ticket, seed, n, prompt)) as stream:
             async for token in stream:
                 yield token
     except Halted as exc:
@@ -240,22 +259,26 @@ async def _serve_text(
     request: Request, sim: SimRuntime, ticket: Ticket, ask: TextRequest, shapes: Shapes
 ) -> Response:
     seed = f"{sim.profile.member}\x00{ask.prompt}"
+    words = ask.prompt.split()
     use = usage(count_tokens(ask.prompt), ask.n_tokens)
     if not ask.stream:
-        text = await _collect(request, sim, ticket, seed, ask.n_tokens)
+        text = await _collect(request, sim, ticket, seed, ask.n_tokens, prompt=words)
         if isinstance(text, Response):
             return text
-        return JSONBody(shapes.body(text, ask.finish_reason, use))
+        return JSONBody(
+            shapes.body(text, ask.finish_reason, use) | {"timings": timings(ticket, ask.n_tokens)}
+        )
 
     async def events() -> AsyncIterator[bytes]:
         for chunk in shapes.opening():
             yield sse(chunk)
-        async with aclosing(_stream_tokens(sim, ticket, seed, ask.n_tokens)) as tokens:
+        async with aclosing(_stream_tokens(sim, ticket, seed, ask.n_tokens, words)) as tokens:
             async for token in tokens:
                 yield sse(shapes.token_chunk(token))
         if ticket.reason == "disconnected":
             return
-        yield sse(shapes.final_chunk(ask.finish_reason))
+        final = shapes.final_chunk(ask.finish_reason)
+        yield sse(final | {"timings": timings(ticket, ask.n_tokens)})
         if ask.include_usage:
             yield sse(shapes.usage_chunk(use))
         yield SSE_DONE

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from hotseat_common.config import HotseatConfig
 from hotseat_common.config.model import SimDriver, SimMember
+from hotseat_common.paths import slot_dir
 
 
 class ProfileError(ValueError):
@@ -26,6 +28,10 @@ class SimProfile:
     capacity_gib: float | None
     """The GPU's memory for admission; None when the pool's driver declares none."""
     sim: SimMember
+    slot_dir: Path | None = None
+    """Where slots are saved and restored (llama.cpp's ``--slot-save-path``): the member's
+    cache directory when it carries its cache over swaps; None answers 501, as a server
+    started without the flag does."""
 
     @property
     def gpu(self) -> str | None:
@@ -50,4 +56,9 @@ def resolve_profile(config: HotseatConfig, backend_name: str) -> SimProfile:
         if pool is not None and isinstance(pool.driver, SimDriver)
         else None
     )
-    return SimProfile(backend.name, model, backend.pool.member, backend.pool.name, capacity, sim)
+    saves = None
+    if pool is not None and member is not None and member.cache and member.cache.carry_over:
+        saves = slot_dir(pool, member)
+    return SimProfile(
+        backend.name, model, backend.pool.member, backend.pool.name, capacity, sim, saves
+    )

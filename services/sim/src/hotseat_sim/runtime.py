@@ -7,7 +7,7 @@ import asyncio
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Annotated, Any, cast
@@ -18,7 +18,7 @@ from fastapi import Depends, Request, Response
 from hotseat_sim.generation import Identity, generate
 from hotseat_sim.model_state import Halted, ModelState, Ticket
 from hotseat_sim.profile import SimProfile
-from hotseat_sim.slots import Slot, SlotPool
+from hotseat_sim.slots import Slot, SlotPool, common_prefix
 
 REQUEST_ID_HEADERS = ("x-hotseat-request-id", "x-request-id")
 REQUEST_LOG_SIZE = 200
@@ -105,11 +105,11 @@ class SimRuntime:
             fingerprint=f"hotseat-sim/{self.profile.member}",
         )
 
-    async def _slot(self, ticket: Ticket, n_tokens: int) -> Slot:
+    async def _slot(self, ticket: Ticket, n_tokens: int, prompt: Sequence[str]) -> Slot:
         """A slot, or :class:`Halted` if the ticket is stopped while queued."""
         if ticket.stop.is_set():
             raise Halted(ticket.reason or "aborted")
-        acquire = asyncio.ensure_future(self.slots.acquire(n_tokens))
+        acquire = asyncio.ensure_future(self.slots.acquire(n_tokens, prompt, self.model.generation))
         stopped = asyncio.ensure_future(ticket.stop.wait())
         granted = False
         try:
@@ -126,17 +126,40 @@ class SimRuntime:
                 elif not acquire.cancelled() and acquire.exception() is None:
                     self.slots.release(acquire.result())
 
-    async def tokens(self, ticket: Ticket, seed: str, n_tokens: int) -> AsyncGenerator[str]:
-        """Queue for a slot, generate, and always free the slot and end the ticket."""
+    async def _prefill(self, ticket: Ticket, slot: Slot, prompt: Sequence[str]) -> None:
+        """Evaluate the prompt tokens the slot has not cached, at ``prefillTokensPerSecond``.
+
+        As llama.cpp does, a prompt found whole in the cache still evaluates its last token.
+        """
+        if not prompt:
+            return
+        shared = min(common_prefix(slot.cached(self.model.generation), prompt), len(prompt) - 1)
+        ticket.cache_n, ticket.prompt_n = shared, len(prompt) - shared
+        del slot.cache[shared:]
+        rate = self.profile.sim.prefill_tokens_per_second
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        if rate is not None:
+            await ticket.sleep_until(began + ticket.prompt_n / rate)
+        ticket.prompt_ms = (loop.time() - began) * 1000
+        slot.cache.extend(prompt[shared:])
+
+    async def tokens(
+        self, ticket: Ticket, seed: str, n_tokens: int, prompt: Sequence[str] = ()
+    ) -> AsyncGenerator[str]:
+        """Queue for a slot, evaluate the prompt, generate, and always free the slot and end
+        the ticket. The slot's cache keeps the prompt and the reply."""
         outcome = "aborted"
         slot: Slot | None = None
         try:
-            slot = await self._slot(ticket, n_tokens)
+            slot = await self._slot(ticket, n_tokens, prompt)
             self.model.begin(ticket)
+            await self._prefill(ticket, slot, prompt)
             async with aclosing(
                 generate(ticket, slot, seed, n_tokens, self.profile.sim.tokens_per_second)
             ) as stream:
                 async for token in stream:
+                    slot.cache.append(token.strip())
                     yield token
             outcome = "completed"
         except Halted:

@@ -23,6 +23,9 @@ from hotseat_common.config.model import Name
 from hotseat_common.durations import format_duration, parse_duration
 
 _MEMBER_BLOCK_REQUIRED = frozenset({"process", "http", "kubernetes"})
+_CACHE_DRIVERS = ("process", "http", "sim")
+_SAVE_PATH_FLAG = "--slot-save-path"
+_MODEL_FLAGS = ("-m", "--model")
 _NAME: TypeAdapter[str] = TypeAdapter(Name)
 _CLOSE = 0.7  # similarity above which a name is offered as "did you mean"
 
@@ -98,6 +101,7 @@ def cross_check(raw: Mapping[str, Any]) -> list[ConfigIssue]:
     issues += _unique(pools)
     issues += _unique(rules)
     pool_members: dict[str, _Section] = {}
+    cache_dirs: dict[str, str] = {}
     for i, pool in pools.items:
         members = _section(pool, "members", f"pools[{i}].members", required=True)
         if (pool_name := _name(pool)) is not None:
@@ -106,6 +110,7 @@ def cross_check(raw: Mapping[str, Any]) -> list[ConfigIssue]:
         issues += _check_default(i, pool, members)
         issues += _check_schedule(i, pool, members)
         issues += _driver_blocks(pool, members)
+        issues += _cache_blocks(pool, members, cache_dirs)
     issues += _check_backend_pools(backends, pools, pool_members)
     issues += _check_rules(rules, backends)
     default_route = raw.get("defaultRoute")
@@ -234,3 +239,79 @@ def _driver_blocks(pool: Mapping[str, Any], members: _Section) -> Iterator[Confi
                 f"{members.path}[{j}].{kind}",
                 f"required field is missing (driver kind {kind!r} needs it to run this member)",
             )
+
+
+def _cache_blocks(
+    pool: Mapping[str, Any], members: _Section, dirs: dict[str, str]
+) -> Iterator[ConfigIssue]:
+    """A member that carries its prompt cache over swaps: a driver that can, what that
+    driver needs to know, and a directory of its own."""
+    driver = pool.get("driver")
+    kind = driver.get("kind", "sim") if isinstance(driver, Mapping) else "sim"
+    for j, member in members.items:
+        cache = member.get("cache")
+        if not isinstance(cache, Mapping):
+            continue
+        path = f"{members.path}[{j}].cache"
+        yield from _own_dir(cache.get("dir"), f"{members.path}[{j}]", dirs)
+        if cache.get("carryOver") is not True:
+            continue
+        if kind not in _CACHE_DRIVERS:
+            yield ConfigIssue(
+                f"{path}.carryOver",
+                f"prompt-cache carry-over needs driver kind process, http or sim "
+                f"(this pool's is {kind!r})",
+            )
+        elif kind == "http":
+            for key in ("dir", "modelFile"):
+                if cache.get(key) is None:
+                    yield ConfigIssue(f"{path}.{key}", _HTTP_CACHE_NEEDS[key])
+        elif kind == "process":
+            yield from _process_cache(member, path, cache)
+
+
+def _own_dir(directory: object, member: str, dirs: dict[str, str]) -> Iterator[ConfigIssue]:
+    if not isinstance(directory, str) or not directory:
+        return
+    if directory in dirs:
+        yield ConfigIssue(
+            f"{member}.cache.dir",
+            f"{directory!r} is already the cache directory of {dirs[directory]} "
+            "(each member saves into a directory of its own)",
+        )
+    else:
+        dirs[directory] = member
+
+
+_HTTP_CACHE_NEEDS = {
+    "dir": "required with carryOver on an http member: the directory its server's "
+    "--slot-save-path names, as this controller sees it",
+    "modelFile": "required with carryOver on an http member: the model file its server "
+    "runs (its identity keys the saved slots)",
+}
+
+
+def _process_cache(
+    member: Mapping[str, Any], path: str, cache: Mapping[str, Any]
+) -> Iterator[ConfigIssue]:
+    process = member.get("process")
+    command = process.get("command") if isinstance(process, Mapping) else None
+    if not isinstance(command, list):
+        return
+    names_model = False
+    for k, arg in enumerate(command):
+        if not isinstance(arg, str):
+            continue
+        if arg == _SAVE_PATH_FLAG or arg.startswith(_SAVE_PATH_FLAG + "="):
+            yield ConfigIssue(
+                f"{path.removesuffix('.cache')}.process.command[{k}]",
+                f"remove {_SAVE_PATH_FLAG}: with cache.carryOver the driver passes "
+                f"{_SAVE_PATH_FLAG} with the member's cache directory (cache.dir)",
+            )
+        names_model = names_model or arg in _MODEL_FLAGS or arg.startswith("--model=")
+    if not names_model and cache.get("modelFile") is None:
+        yield ConfigIssue(
+            f"{path}.modelFile",
+            "required: the command names no model file with -m or --model, and the "
+            "file's identity keys the saved slots",
+        )

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from pydantic.alias_generators import to_camel
 
 from hotseat_common.durations import Duration
+from hotseat_common.sizes import ByteSize
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
@@ -206,6 +207,14 @@ class SimMember(_Model):
     """Generation speed; a request produces ``max_tokens`` tokens (default 16)."""
     slots: int = Field(default=4, ge=1, strict=True)
     """Requests served at once, as reported by ``/slots``."""
+    prefill_tokens_per_second: float | None = Field(default=None, gt=0, strict=True)
+    """Prompt evaluation speed: a request waits for the tokens of its prompt that its slot
+    has not cached, at this rate, before its first token (unset: no prefill time)."""
+    cache_bytes_per_token: int = Field(default=131072, ge=1, strict=True)
+    """Bytes one cached token takes in a saved slot file (the default is the KV cache of a
+    Llama-3-8B in F16: 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes)."""
+    cache_io_bytes_per_second: float = Field(default=2e9, gt=0, strict=True)
+    """How fast a slot is saved to or restored from its file."""
 
 
 class ProcessMember(_Model):
@@ -269,6 +278,27 @@ class KubernetesMember(_Model):
     first container port declared)."""
 
 
+class MemberCache(_Model):
+    """Carry the member's prompt cache over swaps: llama.cpp slot save before its unload,
+    restore after its load (docs/llama.md; ADR 0007)."""
+
+    carry_over: bool = False
+    """Save every non-empty slot before an unload, restore them after the next load."""
+    directory: str | None = Field(default=None, alias="dir")
+    """The member's own directory of saved slots, the server's ``--slot-save-path``
+    (unset: ``<dataDir>/<pool>/slots/<member>``; required for ``http`` members)."""
+    max_bytes: ByteSize | None = None
+    """Disk budget of the member's saved slots (``20GiB``); the least recently used are
+    dropped first (unset: one file per slot, no other bound)."""
+    save_timeout: PositiveDuration = 10.0
+    """Longest time saving may add to an unload; past it the save is given up."""
+    restore_timeout: PositiveDuration = 30.0
+    """Longest time restoring may add to a load; past it the restore is given up."""
+    model_file: str | None = None
+    """The model file whose identity keys the saved slots (unset for ``process`` members:
+    the command's ``-m``/``--model``; required for ``http`` members)."""
+
+
 class PoolMember(_Model):
     name: Name
     """Member name, unique within its pool."""
@@ -282,6 +312,14 @@ class PoolMember(_Model):
     """The member's workload (required when ``driver.kind: kubernetes``)."""
     idle_unload_after: PositiveDuration | None = None
     """This member's own ``idleUnloadAfter`` (unset: the pool's)."""
+    cache: MemberCache | None = None
+    """Prompt-cache carry-over across swaps (``process``, ``http`` and ``sim`` drivers)."""
+
+
+class PoolCache(_Model):
+    max_bytes: ByteSize | None = None
+    """Disk budget of the saved slots of all the pool's members together; the least
+    recently used are dropped first (unset: only the members' own budgets)."""
 
 
 class Pool(_Model):
@@ -322,6 +360,8 @@ class Pool(_Model):
     in its place (unset: never); a member's own setting overrides it."""
     driver: Driver = SimDriver(kind="sim")
     """How members are loaded and unloaded, chosen by ``kind``."""
+    cache: PoolCache = PoolCache()
+    """The pool's budget for its members' saved prompt caches."""
     members: tuple[PoolMember, ...] = Field(min_length=1)
     """The models that take turns in this pool."""
 

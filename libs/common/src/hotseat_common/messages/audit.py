@@ -93,6 +93,14 @@ class AuditEvent(WireModel):
     to_member: str | None = None
     epoch: int | None = None
     reason: str | None = None
+    cache_saved_bytes: int | None = None
+    """A swap's prompt-cache save: bytes written (docs/adr/0007)."""
+    cache_saved_tokens: int | None = None
+    cache_save_ms: float | None = None
+    cache_restored_bytes: int | None = None
+    """A swap's prompt-cache restore: bytes read."""
+    cache_restored_tokens: int | None = None
+    cache_restore_ms: float | None = None
 
     @model_validator(mode="after")
     def _outcome_fits_kind(self) -> Self:

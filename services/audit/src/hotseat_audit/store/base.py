@@ -18,6 +18,16 @@ from hotseat_audit.decoding import DeadLetter, Incoming
 from hotseat_audit.query import Cursor, EventFilter, Summary
 from hotseat_common.messages.audit import AuditEvent
 
+CACHE_FIELDS: tuple[str, ...] = (
+    "cache_saved_bytes",
+    "cache_saved_tokens",
+    "cache_save_ms",
+    "cache_restored_bytes",
+    "cache_restored_tokens",
+    "cache_restore_ms",
+)
+"""A swap's prompt-cache figures (migration 2)."""
+
 EVENT_FIELDS: tuple[str, ...] = (
     "id",
     "time",
@@ -36,6 +46,7 @@ EVENT_FIELDS: tuple[str, ...] = (
     "to_member",
     "epoch",
     "reason",
+    *CACHE_FIELDS,
     "v",
 )
 """Columns that hold the event itself, in :class:`AuditEvent` field order."""

@@ -136,8 +136,24 @@ _V1_POSTGRES = (
     "CREATE INDEX audit_dead_letters_received ON audit_dead_letters (received_at)",
 )
 
+_V2_COLUMNS = (
+    ("cache_saved_bytes", "INTEGER", "bigint"),
+    ("cache_saved_tokens", "INTEGER", "bigint"),
+    ("cache_save_ms", "REAL", "double precision"),
+    ("cache_restored_bytes", "INTEGER", "bigint"),
+    ("cache_restored_tokens", "INTEGER", "bigint"),
+    ("cache_restore_ms", "REAL", "double precision"),
+)
+"""A swap's prompt-cache figures (docs/adr/0007): nullable, so old rows need nothing."""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "events and dead letters", sqlite=_V1_SQLITE, postgres=_V1_POSTGRES),
+    Migration(
+        2,
+        "prompt-cache figures of swaps",
+        sqlite=tuple(f"ALTER TABLE audit_events ADD COLUMN {n} {t}" for n, t, _ in _V2_COLUMNS),
+        postgres=tuple(f"ALTER TABLE audit_events ADD COLUMN {n} {t}" for n, _, t in _V2_COLUMNS),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

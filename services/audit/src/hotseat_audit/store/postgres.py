@@ -44,6 +44,12 @@ _ARRAY_TYPES = {
     "status": "int4[]",
     "duration_ms": "float8[]",
     "epoch": "int8[]",
+    "cache_saved_bytes": "int8[]",
+    "cache_saved_tokens": "int8[]",
+    "cache_save_ms": "float8[]",
+    "cache_restored_bytes": "int8[]",
+    "cache_restored_tokens": "int8[]",
+    "cache_restore_ms": "float8[]",
     "v": "int2[]",
     "stream_seq": "int8[]",
 }

@@ -19,7 +19,9 @@ Contract (the controller's safety rests on it):
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal, Protocol, runtime_checkable
 
 from hotseat_common.errors import ErrorCode, HotseatError
 
@@ -63,3 +65,66 @@ class ResidencyDriver(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class CacheFailure(StrEnum):
+    """Why a slot was not saved or restored (the ``reason`` label of the failure counter)."""
+
+    UNSUPPORTED = "unsupported"
+    """The server cannot (started without ``--slot-save-path``; a slot holding images)."""
+    BUSY = "busy"
+    """A slot is processing, or ``/slots`` did not answer: no save without proof of idle."""
+    TIMEOUT = "timeout"
+    """``saveTimeout`` or ``restoreTimeout`` elapsed."""
+    MODEL_CHANGED = "model_changed"
+    """The model file is not the one the process was started with."""
+    ERROR = "error"
+    """Anything else: an error answer, an unreadable directory, a file the server refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotFailure:
+    reason: CacheFailure
+    detail: str
+    slot: int | None = None
+
+
+NOT_RUNNING = "not running"
+"""The note of a step that found nothing to save or restore into: no event, no figure."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheReport:
+    """What one save or restore of a member's slots did (docs/adr/0007)."""
+
+    member: str
+    action: Literal["save", "restore"]
+    slots: int = 0
+    """Slots saved or restored."""
+    tokens: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    """Wall-clock time the step took."""
+    failures: tuple[SlotFailure, ...] = ()
+    dropped_stale: int = 0
+    """Files of another model identity deleted (never restorable again)."""
+    dropped_budget: int = 0
+    """Files deleted to keep the member's and the pool's budgets."""
+    note: str | None = None
+    """Why nothing was attempted, when nothing was (not running, nothing saved)."""
+
+
+@runtime_checkable
+class CarriesCaches(Protocol):
+    """A driver whose members may carry their prompt cache over swaps.
+
+    ``save_caches`` and ``restore_caches`` never raise for a failed save or restore (the
+    report says what failed); each is bounded by the member's own timeout. ``carries`` is
+    False for a member without ``cache.carryOver``; then neither is called.
+    """
+
+    def carries(self, member: str) -> bool: ...
+
+    async def save_caches(self, member: str) -> CacheReport: ...
+
+    async def restore_caches(self, member: str) -> CacheReport: ...

@@ -20,6 +20,12 @@ ready. ``unload`` calls the unload URL unless the member is gone already (withou
 loaded check, a member still loading looks gone, so then only a refused connection skips
 the call), then waits until it is gone. The call and the wait after it are each bounded by
 ``requestTimeout``.
+
+Prompt caches (``cache.carryOver``, docs/adr/0007): a llama.cpp server started with
+``--slot-save-path`` naming the member's ``cache.dir`` (as this controller sees it) has its
+slots saved before the unload call and restored after the load, keyed by the identity of
+``cache.modelFile``. The driver cannot see which model the remote process loaded, nor when
+it started: it trusts ``cache.modelFile``.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
+from typing import Literal
 
 import httpx
 
@@ -35,8 +43,15 @@ from hotseat_common import headers
 from hotseat_common.config.model import HotseatConfig, LoadedCheck, Pool
 from hotseat_common.config.model import HttpDriver as HttpDriverConfig
 from hotseat_common.logging import get_logger
-from hotseat_pool_controller.drivers.base import DriverError
+from hotseat_pool_controller.drivers.base import (
+    NOT_RUNNING,
+    CacheFailure,
+    CacheReport,
+    DriverError,
+)
+from hotseat_pool_controller.drivers.model_identity import IdentityError, cache_key, file_identity
 from hotseat_pool_controller.drivers.probes import fetch_idle, field_values, json_equal
+from hotseat_pool_controller.drivers.slot_cache import CarriesSlotCaches, SlotCaches
 
 __all__ = ["HttpDriver"]
 
@@ -64,6 +79,7 @@ class _Spec:
     health_url: str
     slots_url: str
     loaded_check: LoadedCheck | None
+    model_file: Path | None
 
 
 @dataclass(frozen=True)
@@ -74,7 +90,7 @@ class _Probe:
     """The server refuses connections."""
 
 
-class HttpDriver:
+class HttpDriver(CarriesSlotCaches):
     """Loads and unloads members by calling their URLs; see the module docstring."""
 
     def __init__(self, config: HotseatConfig, pool: Pool) -> None:
@@ -104,12 +120,18 @@ class HttpDriver:
                 health_url=http.health_url or f"{base}/health",
                 slots_url=http.slots_url or f"{base}/slots",
                 loaded_check=http.loaded_check,
+                model_file=(
+                    Path(member.cache.model_file).expanduser()
+                    if member.cache is not None and member.cache.model_file
+                    else None
+                ),
             )
         self._locks = {name: asyncio.Lock() for name in self._specs}
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(self._timeout, connect=min(self._timeout, 5.0)),
             limits=httpx.Limits(max_connections=32),
         )
+        self._caches = SlotCaches(pool)
 
     # --- the ResidencyDriver interface ------------------------------------------------
 
@@ -158,6 +180,22 @@ class HttpDriver:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        await self._caches.aclose()
+
+    # --- prompt caches (docs/adr/0007) --------------------------------------------------
+
+    async def _carry(self, member: str, action: Literal["save", "restore"]) -> CacheReport:
+        spec = self._spec(member)
+        if (await self._probe(spec)).state is not State.READY:
+            return CacheReport(member, action, note=NOT_RUNNING)
+        if spec.model_file is None:
+            return self._caches.skipped(member, action, CacheFailure.ERROR, "no cache.modelFile")
+        try:
+            key = cache_key([await asyncio.to_thread(file_identity, spec.model_file)])
+        except IdentityError as exc:
+            return self._caches.skipped(member, action, CacheFailure.ERROR, str(exc))
+        base = spec.slots_url.rsplit("/", 1)[0]
+        return await self._caches.step(action, member, base, key)
 
     # --- internals --------------------------------------------------------------------
 

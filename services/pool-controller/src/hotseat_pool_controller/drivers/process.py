@@ -22,6 +22,12 @@ refused, so a controller frozen past its heartbeat cannot kill or start a member
 thaws. A controller shutting down stops the members it started only if no newer owner
 has acted on the pool since.
 
+Prompt caches (``cache.carryOver``, docs/adr/0007): the command gets ``--slot-save-path``
+and the member's slot directory; the key of its saved slots is computed when the process
+starts (the model file's identity, the command line, the executable). Its slots are saved
+under that key only while the model file is still the one it started with, and restored
+only then.
+
 Scope: one host. A driver can only signal processes on its own host; the pid file lets
 another driver on the same host (a restarted controller, a standby replica) find and stop
 a member it did not start. Run the controller as a single replica, or active/standby on
@@ -37,6 +43,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import httpx
 
@@ -44,11 +51,29 @@ from hotseat_common.config.model import HotseatConfig, Pool
 from hotseat_common.config.model import ProcessDriver as ProcessDriverConfig
 from hotseat_common.logging import get_logger
 from hotseat_pool_controller.drivers import processgroup
-from hotseat_pool_controller.drivers.base import DriverError, Fenced
+from hotseat_pool_controller.drivers.base import (
+    NOT_RUNNING,
+    CacheFailure,
+    CacheReport,
+    DriverError,
+    Fenced,
+)
 from hotseat_pool_controller.drivers.fence import EpochFence
+from hotseat_pool_controller.drivers.model_identity import (
+    IdentityError,
+    cache_key,
+    executable_identity,
+    file_identity,
+    modified_after,
+)
 from hotseat_pool_controller.drivers.probes import fetch_idle
-from hotseat_pool_controller.drivers.process_spec import MemberProcess, default_data_dir
+from hotseat_pool_controller.drivers.process_spec import (
+    SLOT_SAVE_PATH,
+    MemberProcess,
+    default_data_dir,
+)
 from hotseat_pool_controller.drivers.processgroup import PidRecord
+from hotseat_pool_controller.drivers.slot_cache import CarriesSlotCaches, SlotCaches
 
 __all__ = ["ProcessDriver"]
 
@@ -74,6 +99,10 @@ class _Running:
     exited: asyncio.Task[int] | None = None
     was_ready: bool = False
     started: float = field(default_factory=time.monotonic)
+    model: str | None = None
+    """The model file's identity when the process started (prompt-cache carry-over)."""
+    key: str | None = None
+    """The key of its saved slots (docs/adr/0007)."""
 
     @property
     def pid(self) -> int:
@@ -102,7 +131,7 @@ class _Running:
         return True
 
 
-class ProcessDriver:
+class ProcessDriver(CarriesSlotCaches):
     """Runs each member as a local process; see the module docstring for the algorithm."""
 
     def __init__(self, config: HotseatConfig, pool: Pool) -> None:
@@ -123,6 +152,7 @@ class ProcessDriver:
         self._client = httpx.AsyncClient(
             timeout=HTTP_TIMEOUT, limits=httpx.Limits(max_connections=32), trust_env=False
         )
+        self._caches = SlotCaches(pool)
 
     # --- the ResidencyDriver interface ------------------------------------------------
 
@@ -206,6 +236,57 @@ class ProcessDriver:
                               error=str(result))  # fmt: skip
         finally:
             await self._client.aclose()
+            await self._caches.aclose()
+
+    # --- prompt caches (docs/adr/0007) --------------------------------------------------
+
+    async def _carry(self, member: str, action: Literal["save", "restore"]) -> CacheReport:
+        spec = self._spec(member)
+        run = self._find(spec)
+        if run is None or not run.alive():
+            return CacheReport(member, action, note=NOT_RUNNING)
+        key = await asyncio.to_thread(self._running_key, spec, run)
+        if isinstance(key, tuple):
+            return self._caches.skipped(member, action, *key)
+        base = spec.slots_url.rsplit("/", 1)[0]
+        return await self._caches.step(action, member, base, key)
+
+    def _running_key(self, spec: MemberProcess, run: _Running) -> str | tuple[CacheFailure, str]:
+        """The key of the running process's slots, or why none can be trusted: its model
+        file changed since it started, or it was started without a slot directory."""
+        model = spec.model_path
+        if model is None:
+            return CacheFailure.ERROR, "no model file to identify (cache.modelFile)"
+        if SLOT_SAVE_PATH not in run.record.argv:
+            return CacheFailure.UNSUPPORTED, f"the process was started without {SLOT_SAVE_PATH}"
+        if run.key is None and modified_after(model, run.record.create_time):
+            return CacheFailure.MODEL_CHANGED, f"{model} changed after the process started"
+        try:
+            identity = file_identity(model)
+        except IdentityError as exc:
+            return CacheFailure.ERROR, str(exc)
+        if run.key is not None and identity != run.model:
+            return CacheFailure.MODEL_CHANGED, f"{model} changed after the process started"
+        if run.key is None:
+            run.model, run.key = identity, self._key(spec, identity, run.record.argv)
+        return run.key
+
+    def _key(self, spec: MemberProcess, identity: str, argv: tuple[str, ...]) -> str:
+        path = spec.env.get("PATH", os.environ.get("PATH"))
+        return cache_key([identity, executable_identity(argv[0], path), *argv])
+
+    def _stamp(self, spec: MemberProcess) -> tuple[str | None, str | None]:
+        """Right before a start: the model's identity and the key of the slots the process
+        will save (none when it carries no cache, or its model file cannot be read)."""
+        if spec.slot_dir is None or spec.model_path is None:
+            return None, None
+        try:
+            model = file_identity(spec.model_path)
+        except IdentityError as exc:
+            log.warning("process_member_model_unreadable", pool=self._pool, member=spec.name,
+                        error=str(exc))  # fmt: skip
+            return None, None
+        return model, self._key(spec, model, spec.argv)
 
     # --- internals --------------------------------------------------------------------
 
@@ -258,6 +339,12 @@ class ProcessDriver:
             log_file = spec.log_path.open("ab")
         except OSError as exc:
             raise DriverError(f"{spec.name}: cannot open its log or data dir: {exc}") from exc
+        if spec.slot_dir is not None:
+            try:
+                await self._caches.prepare(spec.name)
+            except OSError as exc:
+                raise DriverError(f"{spec.name}: cannot create {spec.slot_dir}: {exc}") from exc
+        model, key = await asyncio.to_thread(self._stamp, spec)
         with log_file:
             async with self._fence.hold(epoch, f"start {spec.name}"):
                 stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -280,7 +367,7 @@ class ProcessDriver:
         exited = asyncio.create_task(proc.wait(), name=f"process-{self._pool}-{spec.name}-exit")
         created = processgroup.create_time(proc.pid) or time.time()  # None: exited already
         record = PidRecord(pid=proc.pid, create_time=created, epoch=epoch, argv=spec.argv)
-        run = _Running(record=record, proc=proc, exited=exited)
+        run = _Running(record=record, proc=proc, exited=exited, model=model, key=key)
         self._running[spec.name] = run
         try:
             processgroup.write_pid_file(spec.pid_path, record)

@@ -13,14 +13,14 @@ from urllib.parse import urlsplit
 
 from hotseat_common.config.model import HotseatConfig, Pool, PoolMember
 from hotseat_common.config.model import ProcessMember as ProcessMemberConfig
+from hotseat_common.paths import default_data_dir, slot_dir
 from hotseat_pool_controller.drivers.base import DriverError
 from hotseat_pool_controller.drivers.expansion import expand
+from hotseat_pool_controller.drivers.model_identity import model_argument
 
+SLOT_SAVE_PATH = "--slot-save-path"
 
-def default_data_dir() -> Path:
-    """``$XDG_STATE_HOME/hotseat``, else ``~/.local/state/hotseat``."""
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "hotseat"
+__all__ = ["MemberProcess", "default_data_dir"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,14 @@ class MemberProcess:
     log_path: Path
     pid_path: Path
     unset: tuple[str, ...] = ()
-    """Variables named by the command, ``cwd`` or ``logFile`` that are not set."""
+    """Variables named by the command, ``cwd``, ``logFile`` or ``cache.modelFile`` that
+    are not set."""
+    slot_dir: Path | None = None
+    """Where its slots are saved, when it carries its prompt cache over swaps (the
+    command then ends with ``--slot-save-path`` and this directory)."""
+    model_path: Path | None = None
+    """The model file whose identity keys its saved slots (``cache.modelFile``, else the
+    command's ``-m``), relative paths taken from ``cwd``."""
 
     @classmethod
     def from_config(
@@ -53,12 +60,23 @@ class MemberProcess:
             raise DriverError(
                 f"pool {pool.name}: member {member.name} needs a healthUrl or a backend"
             )
-        resolved = _resolve(member.process)
+        resolved = _resolve(member.process, member.cache.model_file if member.cache else None)
         log_file = Path(resolved.log_file or f"{member.name}.log")
         host, port = _address(base or health)
+        carries = member.cache is not None and member.cache.carry_over
+        saves_to = slot_dir(pool, member) if carries else None
+        argv = resolved.argv
+        if saves_to is not None:
+            argv = (*argv, SLOT_SAVE_PATH, str(saves_to))
+        model = resolved.model_file or model_argument(resolved.argv)
+        model_path = None
+        if model is not None:
+            model_path = Path(model).expanduser()
+            if not model_path.is_absolute() and resolved.cwd is not None:
+                model_path = Path(resolved.cwd) / model_path
         return cls(
             name=member.name,
-            argv=resolved.argv,
+            argv=argv,
             env=resolved.env,
             cwd=resolved.cwd,
             health_url=health,
@@ -68,6 +86,8 @@ class MemberProcess:
             log_path=log_file if log_file.is_absolute() else data_dir / log_file,
             pid_path=data_dir / f"{member.name}.pid",
             unset=resolved.unset,
+            slot_dir=saves_to,
+            model_path=model_path,
         )
 
     def executable(self) -> str:
@@ -97,11 +117,13 @@ class _Resolved:
     argv: tuple[str, ...]
     cwd: str | None
     log_file: str | None
+    model_file: str | None
     unset: tuple[str, ...]
 
 
-def _resolve(member: ProcessMemberConfig) -> _Resolved:
-    """The member's env, then its argv, ``cwd`` and ``logFile``, expanded (see expansion)."""
+def _resolve(member: ProcessMemberConfig, model_file: str | None) -> _Resolved:
+    """The member's env, then its argv, ``cwd``, ``logFile`` and the cache's model file,
+    expanded (see expansion)."""
     unset: set[str] = set()
 
     def one(value: str, scope: Mapping[str, str]) -> str:
@@ -116,6 +138,7 @@ def _resolve(member: ProcessMemberConfig) -> _Resolved:
         argv=tuple(one(arg, scope) for arg in member.command),
         cwd=None if member.cwd is None else one(member.cwd, scope),
         log_file=None if member.log_file is None else one(member.log_file, scope),
+        model_file=None if model_file is None else one(model_file, scope),
         unset=tuple(sorted(unset)),
     )
 

@@ -1,13 +1,27 @@
-"""The ``sim`` driver: drives Hotseat's sim backends through their control API."""
+"""The ``sim`` driver: drives Hotseat's sim backends through their control API.
+
+Prompt caches (``cache.carryOver``): a sim serves llama.cpp's slot save and restore in
+the member's slot directory (the same config tells both sides where); the key of its
+saved slots names the member, its model and, when ``cache.modelFile`` is set, that
+file's identity (docs/adr/0007)."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from typing import Literal
 
 import httpx
 
 from hotseat_common.config.model import HotseatConfig, Pool
-from hotseat_pool_controller.drivers.base import DriverError
+from hotseat_pool_controller.drivers.base import (
+    NOT_RUNNING,
+    CacheFailure,
+    CacheReport,
+    DriverError,
+)
+from hotseat_pool_controller.drivers.model_identity import IdentityError, cache_key, file_identity
+from hotseat_pool_controller.drivers.slot_cache import CarriesSlotCaches, SlotCaches
 
 LONG_POLL_S = 10.0
 HTTP_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
@@ -16,16 +30,23 @@ CONNECT_RETRY_S = 0.2
 LOADED_STATES = frozenset({"ready", "loading", "unloading"})
 
 
-class SimDriver:
+class SimDriver(CarriesSlotCaches):
     def __init__(self, config: HotseatConfig, pool: Pool) -> None:
         self._addresses: dict[str, str] = {}
+        self._identities: dict[str, tuple[str, Path | None]] = {}
         for member in pool.members:
             backend = config.member_backend(pool.name, member.name)
             if backend is not None:
                 self._addresses[member.name] = backend.address
+                model_file = member.cache.model_file if member.cache is not None else None
+                self._identities[member.name] = (
+                    f"{pool.name}/{member.name}/{backend.model or backend.name}",
+                    Path(model_file).expanduser() if model_file else None,
+                )
         self._client = httpx.AsyncClient(
             timeout=HTTP_TIMEOUT, limits=httpx.Limits(max_connections=32)
         )
+        self._caches = SlotCaches(pool)
 
     def _url(self, member: str, path: str) -> str:
         try:
@@ -140,3 +161,26 @@ class SimDriver:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        await self._caches.aclose()
+
+    # --- prompt caches (docs/adr/0007) --------------------------------------------------
+
+    def carries(self, member: str) -> bool:
+        return self._caches.carries(member) and member in self._addresses
+
+    async def _carry(self, member: str, action: Literal["save", "restore"]) -> CacheReport:
+        try:
+            ready = (await self._state(member)).get("state") == "ready"
+        except httpx.HTTPError:
+            ready = False
+        if not ready:
+            return CacheReport(member, action, note=NOT_RUNNING)
+        name, model_file = self._identities[member]
+        parts = [name]
+        if model_file is not None:
+            try:
+                parts.append(await asyncio.to_thread(file_identity, model_file))
+            except IdentityError as exc:
+                return self._caches.skipped(member, action, CacheFailure.ERROR, str(exc))
+        key = cache_key(parts)
+        return await self._caches.step(action, member, self._addresses[member], key)

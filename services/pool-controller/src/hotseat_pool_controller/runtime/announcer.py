@@ -12,6 +12,7 @@ from hotseat_common.logging import get_logger
 from hotseat_common.messages import PoolOutcome, PoolStateChanged, pool_event
 from hotseat_common.metrics import PoolMetrics
 from hotseat_common.subjects import Subjects
+from hotseat_pool_controller.drivers.base import CacheReport
 from hotseat_pool_controller.model import AuditIntent, PoolSnapshot
 from hotseat_pool_controller.runtime.counting import Counting
 from hotseat_pool_controller.store.pool import ExpiredLease
@@ -69,6 +70,29 @@ class Announcer:
         """The resident was marked unhealthy while it serves."""
         self._count.unhealthy(pool, member)
 
+    def cache_step(self, pool: str, report: CacheReport) -> None:
+        """A member's prompt cache saved or restored (or not): logged and counted."""
+        self._count.cache_step(pool, report)
+        fields = {
+            "pool": pool,
+            "member": report.member,
+            "slots": report.slots,
+            "tokens": report.tokens,
+            "bytes": report.bytes,
+            "seconds": round(report.seconds, 3),
+            "dropped_stale": report.dropped_stale,
+            "dropped_budget": report.dropped_budget,
+            "note": report.note,
+        }
+        event = "cache_saved" if report.action == "save" else "cache_restored"
+        if not report.failures:
+            log.info(event, **fields)
+            return
+        failures = [
+            {"reason": f.reason.value, "slot": f.slot, "detail": f.detail} for f in report.failures
+        ]
+        log.warning(event, failures=failures, **fields)
+
     def transition(self, pool: str, intent: AuditIntent) -> None:
         """A transition a decision made: audited and counted."""
         self.audit(pool, intent)
@@ -87,7 +111,7 @@ class Announcer:
         )
 
     def audit(self, pool: str, intent: AuditIntent) -> None:
-        about = {
+        about: dict[str, object] = {
             "pool": pool,
             "member": intent.member,
             "from_member": intent.from_member,
@@ -95,6 +119,15 @@ class Announcer:
             "epoch": intent.epoch,
             "reason": intent.reason,
         }
+        if intent.cache is not None:
+            about |= {
+                "cache_saved_bytes": intent.cache.saved_bytes,
+                "cache_saved_tokens": intent.cache.saved_tokens,
+                "cache_save_ms": round(intent.cache.save_ms, 3),
+                "cache_restored_bytes": intent.cache.restored_bytes,
+                "cache_restored_tokens": intent.cache.restored_tokens,
+                "cache_restore_ms": round(intent.cache.restore_ms, 3),
+            }
         self._audit.emit(
             pool_event(
                 intent.outcome, controller=self.controller, request_id=intent.request_id, **about

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hotseat_common.messages import PoolOutcome
 from hotseat_common.metrics import PoolMetrics
+from hotseat_pool_controller.drivers.base import CacheReport
 from hotseat_pool_controller.model import AuditIntent, PoolSnapshot
 
 _SWAP_RESULTS = {
@@ -46,6 +47,18 @@ class Counting:
 
     def unhealthy(self, pool: str, member: str) -> None:
         self._metrics.residents_unhealthy.labels(pool, member).inc()
+
+    def cache_step(self, pool: str, report: CacheReport) -> None:
+        """A member's prompt-cache save or restore (docs/adr/0007)."""
+        member, action = report.member, report.action
+        self._metrics.cache_bytes.labels(pool, member, action).inc(report.bytes)
+        self._metrics.cache_tokens.labels(pool, member, action).inc(report.tokens)
+        self._metrics.cache_duration.labels(pool, member, action).observe(report.seconds)
+        for failure in report.failures:
+            self._metrics.cache_failures.labels(pool, member, action, failure.reason).inc()
+        for reason, count in (("stale", report.dropped_stale), ("budget", report.dropped_budget)):
+            if count:
+                self._metrics.cache_files_dropped.labels(pool, member, reason).inc(count)
 
     def observe(self, pool: str, snap: PoolSnapshot) -> None:
         """Refresh the gauges from a snapshot."""

@@ -3,6 +3,7 @@ state-change notification with the pool as it now is, so waiting routers re-ask.
 
 from __future__ import annotations
 
+from hotseat_pool_controller.drivers.base import CacheReport
 from hotseat_pool_controller.model import Decision
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.store.pool import PoolStore
@@ -20,3 +21,7 @@ class Outcomes:
         if decision.changes_state:
             snap = await self._store.snapshot()
             await self._announcer.state_changed(self._pool, snap, reason)
+
+    def cache_step(self, report: CacheReport) -> None:
+        """A member's prompt cache saved or restored during a swap (docs/adr/0007)."""
+        self._announcer.cache_step(self._pool, report)

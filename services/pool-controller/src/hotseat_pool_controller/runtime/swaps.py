@@ -11,6 +11,13 @@ is left of that window at the backend (docs/drivers.md).
 The heartbeat never cancels the swap anywhere else: every store step checks ownership
 itself, and the swap's own last step (commit, cancel, fail) ends the claim, so a heartbeat
 that reads the pool right after it must not cut the swap's announcements short.
+
+Prompt caches (docs/adr/0007): with a driver that carries them, a member's slots are saved
+right before its unload, only while it is provably idle (no live lease in the snapshot
+read just before, and the driver finds its ``/slots`` idle), and the target's slots are
+restored after its load and before the commit, so before the first grant. A save or
+restore that fails is reported and counted, never fails the swap; the terminal event of
+the swap carries the figures.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 from redis.exceptions import RedisError
 
@@ -30,9 +38,18 @@ from hotseat_pool_controller.decisions.swap import (
     decide_fail,
     decide_heartbeat,
 )
-from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
+from hotseat_pool_controller.drivers.base import (
+    NOT_RUNNING,
+    CacheFailure,
+    CacheReport,
+    CarriesCaches,
+    DriverError,
+    ResidencyDriver,
+    SlotFailure,
+)
 from hotseat_pool_controller.model import (
     NOTHING,
+    CacheFigures,
     Decision,
     Phase,
     PoolPolicy,
@@ -48,6 +65,44 @@ log = get_logger(__name__)
 UNLOAD_AFTER_FAILURE_TIMEOUT_S = 60.0
 
 Step = Callable[[PoolSnapshot], Decision | None]
+_SWAP_ENDINGS = frozenset({
+    PoolOutcome.SWAP_COMPLETED, PoolOutcome.SWAP_FAILED, PoolOutcome.SWAP_CANCELLED
+})  # fmt: skip
+
+
+class _CacheTally:
+    """The prompt-cache figures of one run of a swap, for its terminal event."""
+
+    def __init__(self) -> None:
+        self.figures: CacheFigures | None = None
+
+    def add(self, report: CacheReport) -> None:
+        seen = self.figures or CacheFigures()
+        ms = report.seconds * 1000
+        if report.action == "save":
+            self.figures = replace(
+                seen,
+                saved_bytes=seen.saved_bytes + report.bytes,
+                saved_tokens=seen.saved_tokens + report.tokens,
+                save_ms=seen.save_ms + ms,
+            )
+        else:
+            self.figures = replace(
+                seen,
+                restored_bytes=seen.restored_bytes + report.bytes,
+                restored_tokens=seen.restored_tokens + report.tokens,
+                restore_ms=seen.restore_ms + ms,
+            )
+
+    def attach(self, decision: Decision) -> Decision:
+        """``decision`` with the figures on its swap-ending event, if it has one."""
+        if self.figures is None or not decision.audit:
+            return decision
+        audit = tuple(
+            replace(intent, cache=self.figures) if intent.outcome in _SWAP_ENDINGS else intent
+            for intent in decision.audit
+        )
+        return replace(decision, audit=audit)
 
 
 class OwnershipLost(Exception):
@@ -102,8 +157,9 @@ class SwapRunner:
         self._policy = policy
         self._controller = controller
         self._outcomes = outcomes
+        self._caches = driver if isinstance(driver, CarriesCaches) else None
 
-    async def _step(self, step: Step, reason: str) -> Decision:
+    async def _step(self, step: Step, reason: str, tally: _CacheTally | None = None) -> Decision:
         """Apply one owner-only transition; raise OwnershipLost if it is not ours any more."""
         lost = False
 
@@ -116,6 +172,8 @@ class SwapRunner:
         decision, _ = await self._store.decide(decide)
         if lost:
             raise OwnershipLost
+        if tally is not None:
+            decision = tally.attach(decision)
         await self._outcomes.report(decision, reason)
         return decision
 
@@ -129,16 +187,17 @@ class SwapRunner:
         log.info("swap_run", pool=self._policy.name, target=order.target, epoch=epoch,
                  resume=order.resume, budget_s=round(remaining, 3))  # fmt: skip
         claim = _Claim(asyncio.current_task())
+        tally = _CacheTally()
         heartbeat = asyncio.create_task(
             self._heartbeat(epoch, claim), name=f"swap-heartbeat-{self._policy.name}-{epoch}"
         )
         try:
             try:
                 async with asyncio.timeout(remaining):
-                    await self._unload_others(order, claim)
+                    await self._unload_others(order, claim, tally)
                     await self._unload_target_if_unwanted(order, claim)
                     decision = await self._step(
-                        lambda s: decide_begin_load(s, epoch, self._controller), "loading"
+                        lambda s: decide_begin_load(s, epoch, self._controller), "loading", tally
                     )
                     if decision.audit:  # cancelled: the demand left before the load began
                         result = "cancelled"
@@ -147,11 +206,14 @@ class SwapRunner:
                         await self._still_owner(order)
                         async with claim.driving():
                             await self._driver.load(order.target, epoch=epoch)
-                    await self._step(lambda s: decide_commit(s, epoch, self._controller), "ready")
+                        await self._restore(order, claim, tally)
+                    await self._step(
+                        lambda s: decide_commit(s, epoch, self._controller), "ready", tally
+                    )
                     result = "completed"
             except (TimeoutError, DriverError) as exc:
                 reason = "swap_timeout" if isinstance(exc, TimeoutError) else str(exc)
-                await self._fail(order, reason, claim)
+                await self._fail(order, reason, claim, tally)
                 result = "failed"
         except OwnershipLost:
             log.warning("swap_ownership_lost", pool=self._policy.name, epoch=epoch)
@@ -167,17 +229,49 @@ class SwapRunner:
                      result=result, seconds=round(time.monotonic() - started, 3))  # fmt: skip
         return result
 
-    async def _still_owner(self, order: SwapOrder) -> None:
-        """Raise :class:`OwnershipLost` unless the swap is still ours (read just now)."""
+    async def _still_owner(self, order: SwapOrder) -> PoolSnapshot:
+        """The pool read just now; :class:`OwnershipLost` unless the swap is still ours."""
         snap = await self._store.snapshot()
         if snap.epoch != order.epoch or snap.owner != self._controller:
             raise OwnershipLost
+        return snap
 
-    async def _unload_others(self, order: SwapOrder, claim: _Claim) -> None:
+    async def _unload_others(self, order: SwapOrder, claim: _Claim, tally: _CacheTally) -> None:
         others = [m for m in self._policy.members if m != order.target]
+        snap = await self._still_owner(order)
+        async with claim.driving():
+            await asyncio.gather(*(self._save_then_unload(m, snap, order, tally) for m in others))
+
+    async def _save_then_unload(
+        self, member: str, snap: PoolSnapshot, order: SwapOrder, tally: _CacheTally
+    ) -> None:
+        """Save ``member``'s slots if it carries them and is provably idle (no live lease in
+        ``snap``, read right before; the driver checks its ``/slots``), then unload it."""
+        if self._caches is not None and self._caches.carries(member):
+            if snap.serving(member):
+                report = CacheReport(
+                    member, "save", failures=(SlotFailure(CacheFailure.BUSY, "live leases"),)
+                )
+            else:
+                report = await self._caches.save_caches(member)
+                await self._still_owner(order)  # the save took a while: still ours?
+            self._cache_step(report, tally)
+        await self._driver.unload(member, epoch=order.epoch)
+
+    async def _restore(self, order: SwapOrder, claim: _Claim, tally: _CacheTally) -> None:
+        """The target is loaded and not yet resident: restore its slots before the commit."""
+        if self._caches is None or not self._caches.carries(order.target):
+            return
         await self._still_owner(order)
         async with claim.driving():
-            await asyncio.gather(*(self._driver.unload(m, epoch=order.epoch) for m in others))
+            report = await self._caches.restore_caches(order.target)
+        self._cache_step(report, tally)
+
+    def _cache_step(self, report: CacheReport, tally: _CacheTally) -> None:
+        if report.note == NOT_RUNNING:
+            return  # nothing was there to save or restore: no figure, no event
+        tally.add(report)
+        self._outcomes.cache_step(report)
 
     async def _unload_target_if_unwanted(self, order: SwapOrder, claim: _Claim) -> None:
         """About to cancel for lack of demand (still ``unloading``: this swap has not begun
@@ -193,7 +287,7 @@ class SwapRunner:
         async with claim.driving():
             await self._driver.unload(order.target, epoch=order.epoch)
 
-    async def _fail(self, order: SwapOrder, reason: str, claim: _Claim) -> None:
+    async def _fail(self, order: SwapOrder, reason: str, claim: _Claim, tally: _CacheTally) -> None:
         log.error(PoolOutcome.SWAP_FAILED, pool=self._policy.name, target=order.target,
                   epoch=order.epoch, reason=reason)  # fmt: skip
         await self._still_owner(order)
@@ -207,6 +301,7 @@ class SwapRunner:
         await self._step(
             lambda s: decide_fail(s, self._policy, order.epoch, self._controller, reason),
             PoolOutcome.SWAP_FAILED,
+            tally,
         )
 
     async def _heartbeat(self, epoch: int, claim: _Claim) -> None:
