@@ -405,3 +405,18 @@ def test_another_members_swap_times_never_refuse_a_request() -> None:
     busy = snap(resident="chat", leases={"chat": 1}, swap_times=(60.0,))
     d = decide_acquire(busy, ask("coder", hold_ms=1_000), POLICY, ME)
     assert isinstance(d.reply, WaitReply)
+
+
+def test_the_estimate_counts_the_drain_target_ahead_of_it() -> None:
+    """Draining toward coder (its waiter came first): a request for embed counts coder's
+    swap before its own."""
+    s = snap(
+        phase=Phase.DRAINING,
+        resident="chat",
+        target="coder",
+        leases={"chat": 1},
+        waiters={"coder": 1},
+        urgency={"coder": NOW - 5_000},
+        member_swap_times={"coder": (8.0,), "embed": (2.0,)},
+    )
+    assert eta_s(s, "embed", NOW) == (10.0, 2)

@@ -96,8 +96,10 @@ def eta_s(snap: PoolSnapshot, member: str, urgency_ms: int) -> tuple[float, int]
         elapsed = (snap.now_ms - snap.started_ms) / 1000
         return max(0.0, (swap_s(snap, member) or 0.0) - elapsed), place
     for other in ranked(snap, excluding=member):
-        if other in {snap.target, snap.resident} and not (other == snap.resident and snap.closed):
-            continue
+        if snap.phase in IN_FLIGHT and other == snap.target:
+            continue  # counted above
+        if other == snap.resident and not snap.closed:
+            continue  # served where it is, no swap
         if snap.urgency.get(other, snap.now_ms) < own:
             seconds += swap_s(snap, other) or 0.0
             place += 1
