@@ -109,6 +109,7 @@ def cross_check(raw: Mapping[str, Any]) -> list[ConfigIssue]:
         issues += _unique(members)
         issues += _check_default(i, pool, members)
         issues += _check_schedule(i, pool, members)
+        issues += _check_capacity(i, pool, members)
         issues += _driver_blocks(pool, members)
         issues += _cache_blocks(pool, members, cache_dirs)
     issues += _check_backend_pools(backends, pools, pool_members)
@@ -168,6 +169,87 @@ def _check_schedule(
                 f"{default!r} is the pool's default, the member an idle pool returns to: it"
                 " is never unloaded for being idle (remove the setting, or the default)",
             )
+
+
+def _gib(value: object) -> float | None:
+    """A positive number of GiB; None when missing or invalid (reported by its field)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return float(value)
+
+
+def _capacity_gib(capacity: Mapping[str, Any]) -> float | None:
+    """The pool's capacity in GiB; None when it cannot be told (its fields report why)."""
+    if "gpuMemoryGiB" in capacity:
+        return _gib(capacity["gpuMemoryGiB"])
+    devices = capacity.get("devices")
+    if not isinstance(devices, list) or not devices:
+        return None
+    sizes = [_gib(d.get("memoryGiB")) if isinstance(d, Mapping) else None for d in devices]
+    return None if None in sizes else sum(s for s in sizes if s is not None)
+
+
+def _check_capacity(  # noqa: C901 - one refusal per case, each with its own path
+    index: int, pool: Mapping[str, Any], members: _Section
+) -> Iterator[ConfigIssue]:
+    """A capacity pool (docs/adr/0008): its memory given once, every member sized and no
+    larger than the pool, the default and pinned members fitting together; ``memoryGiB``
+    and ``pinned`` mean nothing in a one-resident pool."""
+    path = f"pools[{index}]"
+    capacity = pool.get("capacity")
+    if not isinstance(capacity, Mapping):
+        for j, member in members.items:
+            for key in ("memoryGiB", "pinned"):
+                if member.get(key) not in (None, False):
+                    yield ConfigIssue(
+                        f"{members.path}[{j}].{key}",
+                        f"{key} needs the pool's capacity (capacity: {{gpuMemoryGiB: N}});"
+                        " without it the pool holds one member at a time",
+                    )
+        return
+    if ("gpuMemoryGiB" in capacity) == ("devices" in capacity):
+        both = "devices" in capacity
+        yield ConfigIssue(
+            f"{path}.capacity",
+            "give either gpuMemoryGiB or devices (a list of {name, memoryGiB}), not both"
+            if both
+            else "give gpuMemoryGiB or devices (a list of {name, memoryGiB})",
+        )
+        return
+    total = _capacity_gib(capacity)
+    if total is None:
+        return
+    default = pool.get("default")
+    together: list[tuple[str, float]] = []
+    for j, member in members.items:
+        if "memoryGiB" not in member:
+            yield ConfigIssue(
+                f"{members.path}[{j}].memoryGiB",
+                "required in a pool with capacity: the GPU memory the member holds while"
+                " loaded, in GiB",
+            )
+            continue
+        size = _gib(member.get("memoryGiB"))
+        if size is None:
+            continue
+        if size > total:
+            yield ConfigIssue(
+                f"{members.path}[{j}].memoryGiB",
+                f"{size:g} GiB is more than the pool's capacity ({total:g} GiB): it could"
+                " never be loaded",
+            )
+            continue
+        name = _name(member)
+        if name is not None and (member.get("pinned") is True or name == default):
+            together.append((name, size))
+    need = sum(size for _, size in together)
+    if len(together) > 1 and need > total:
+        names = ", ".join(name for name, _ in together)
+        yield ConfigIssue(
+            f"{path}.capacity",
+            f"the default and pinned members ({names}) need {need:g} GiB together, more than"
+            f" the pool's {total:g} GiB: they are all kept resident",
+        )
 
 
 def _check_backend_pools(

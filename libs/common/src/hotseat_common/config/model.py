@@ -302,6 +302,12 @@ class MemberCache(_Model):
 class PoolMember(_Model):
     name: Name
     """Member name, unique within its pool."""
+    memory_gi_b: float | None = Field(default=None, gt=0, alias="memoryGiB", strict=True)
+    """GPU memory the member holds while loaded, in GiB (required, and only allowed, in a
+    pool with ``capacity``)."""
+    pinned: bool = False
+    """Keep the member resident: loaded at start, never evicted (a pool with ``capacity``
+    only)."""
     sim: SimMember | None = None
     """Sim settings (``driver.kind: sim``; optional)."""
     process: ProcessMember | None = None
@@ -322,9 +328,35 @@ class PoolCache(_Model):
     recently used are dropped first (unset: only the members' own budgets)."""
 
 
+class Device(_Model):
+    name: Name
+    """The device's name (for the reader: ``cuda0``)."""
+    memory_gi_b: float = Field(gt=0, alias="memoryGiB", strict=True)
+    """Memory of the device the pool's members may use, in GiB."""
+
+
+class Capacity(_Model):
+    """The memory a pool's members share: several members are resident at once while their
+    ``memoryGiB`` fit in it (docs/adr/0008). Give ``gpuMemoryGiB`` or ``devices``."""
+
+    gpu_memory_gi_b: float | None = Field(default=None, gt=0, alias="gpuMemoryGiB", strict=True)
+    """The memory the members share, in GiB."""
+    devices: tuple[Device, ...] = ()
+    """The devices the members share; their memory adds up (a model may be split across
+    them, as llama.cpp's ``--tensor-split`` does)."""
+
+    @property
+    def total_gib(self) -> float:
+        """The memory the members share, in GiB."""
+        if self.gpu_memory_gi_b is not None:
+            return self.gpu_memory_gi_b
+        return sum(d.memory_gi_b for d in self.devices)
+
+
 class Pool(_Model):
     name: Name
-    """Unique pool name: one GPU (or set of GPUs) that holds one member at a time."""
+    """Unique pool name: one GPU (or set of GPUs) that holds one member at a time, or,
+    with ``capacity``, as many as fit in its memory."""
     swap_budget: Duration = 300.0
     """How long a request may be held for its member; then 503 with Retry-After."""
     swap_timeout: PositiveDuration = 600.0
@@ -335,6 +367,9 @@ class Pool(_Model):
     """Which member gets the GPU next (``sticky``: the resident keeps it while it has demand)."""
     default: Name | None = None
     """Member loaded when the pool is cold (optional)."""
+    capacity: Capacity | None = None
+    """The pool's memory: members whose ``memoryGiB`` fit in it are resident together, and
+    a member that does not fit evicts idle ones (unset: one resident at a time)."""
     busy_signal: BusySignal = BusySignal.LEASES
     """What makes a member busy: live leases, or leases and the backend's ``/slots``."""
     lease_ttl: PositiveDuration = 15.0
