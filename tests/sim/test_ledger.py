@@ -13,6 +13,7 @@ from hotseat_sim.timeline import (
     Overlap,
     cuts,
     lost_writes,
+    over_capacity,
     overlaps,
     read_timeline,
     refused_requests,
@@ -174,6 +175,30 @@ def test_overlap_check_passes_a_clean_swap() -> None:
         entry("load_start", "a", 8),
     ]
     assert overlaps(timeline) == []
+
+
+def test_capacity_verdict_allows_co_residents_and_counts_an_over_capacity_load() -> None:
+    """In a capacity pool two members may hold the GPU together while their declared sizes
+    fit; a load that takes the held memory (an unloading member's included) beyond the
+    capacity is counted, and the one-resident verdict would have called both overlaps."""
+    fits = [
+        entry("load_start", "a", 1, gib="6"),
+        entry("loaded", "a", 2),
+        entry("load_start", "b", 3, gib="10"),
+        entry("loaded", "b", 4),
+        entry("unload_start", "a", 5),
+        entry("unloaded", "a", 6),
+        entry("load_start", "c", 7, gib="14"),
+    ]
+    assert over_capacity(fits, 24) == []
+    assert judge(fits, capacity_gib=24).ok
+    assert not judge(fits).ok  # one-resident: b loaded beside a
+    over = [*fits[:5], entry("load_start", "c", 6, gib="14"), entry("unloaded", "a", 7)]
+    assert over_capacity(over, 24) == [over[5]]
+    verdict = judge(over, capacity_gib=24)
+    assert verdict.summary()["over_capacity"] == 1
+    assert verdict.summary()["overlaps"] == 0
+    assert not verdict.ok
 
 
 def test_served_while_not_resident_check() -> None:

@@ -5,7 +5,10 @@ One verdict for any fault test or soak run::
     verdict = judge(await read_timeline(redis, Keys(prefix), "gpu0"))
     assert verdict.ok, verdict
 
-- no two members hold the GPU at once (``overlaps``);
+- no two members hold the GPU at once (``overlaps``); in a capacity pool (docs/adr/0008,
+  ``capacity_gib`` given) several may, and instead the memory of the members loading,
+  resident or unloading never exceeds the capacity (``over_capacity``, recomputed from the
+  ledger's declared sizes);
 - no load is even attempted while another member holds it (``oom``: the ledger refused a
   load that would not fit beside the resident);
 - no request is served by a member that is not ready (``served_while_not_resident``);
@@ -34,6 +37,7 @@ from hotseat_sim.timeline import (
     Overlap,
     cuts,
     lost_writes,
+    over_capacity,
     overlaps,
     read_timeline,
     refused_requests,
@@ -55,6 +59,8 @@ class Verdict:
     excused: tuple[Cut, ...] = ()
     """Cuts of requests the caller named (their router died or froze past its lease)."""
     lost_writes: tuple[tuple[str, int], ...] = ()
+    over_capacity: tuple[LedgerEntry, ...] = ()
+    """Loads after which the members holding memory exceeded a capacity pool's capacity."""
 
     @property
     def empty(self) -> bool:
@@ -70,6 +76,7 @@ class Verdict:
             + len(self.unloaded_while_serving)
             + len(self.cut)
             + len(self.lost_writes)
+            + len(self.over_capacity)
             + int(self.empty)
         )
 
@@ -89,12 +96,20 @@ class Verdict:
             "cut": len(self.cut),
             "excused": len(self.excused),
             "lost_writes": len(self.lost_writes),
+            "over_capacity": len(self.over_capacity),
         }
 
 
-def judge(timeline: Sequence[LedgerEntry], *, excused: Collection[str] = ()) -> Verdict:
+def judge(
+    timeline: Sequence[LedgerEntry],
+    *,
+    excused: Collection[str] = (),
+    capacity_gib: float | None = None,
+) -> Verdict:
     """Every ledger violation in ``timeline``; cuts of the request ids in ``excused`` are
-    counted apart instead (an unload still counts when it cut any other request)."""
+    counted apart instead (an unload still counts when it cut any other request).
+    ``capacity_gib``: the GPU is a capacity pool's, where members share it within that
+    memory (overlaps are allowed, going over it is not)."""
     every_cut = cuts(timeline)
     pardoned = tuple(c for c in every_cut if c.request_id and c.request_id in excused)
     unpardoned = tuple(c for c in every_cut if c not in pardoned)
@@ -102,7 +117,10 @@ def judge(timeline: Sequence[LedgerEntry], *, excused: Collection[str] = ()) -> 
     return Verdict(
         entries=len(timeline),
         loads=sum(1 for e in timeline if e.event is LedgerEvent.LOAD_START),
-        overlaps=tuple(overlaps(timeline)),
+        overlaps=() if capacity_gib is not None else tuple(overlaps(timeline)),
+        over_capacity=(
+            tuple(over_capacity(timeline, capacity_gib)) if capacity_gib is not None else ()
+        ),
         oom=tuple(e for e in timeline if e.event is LedgerEvent.OOM),
         served_while_not_resident=tuple(served_while_not_resident(timeline)),
         refused=tuple(refused_requests(timeline)),
@@ -116,19 +134,30 @@ def judge(timeline: Sequence[LedgerEntry], *, excused: Collection[str] = ()) -> 
 
 
 async def judge_gpu(
-    redis_url: str, prefix: str, gpu: str = "gpu0", *, excused: Collection[str] = ()
+    redis_url: str,
+    prefix: str,
+    gpu: str = "gpu0",
+    *,
+    excused: Collection[str] = (),
+    capacity_gib: float | None = None,
 ) -> Verdict:
     """Read ``gpu``'s ledger (key prefix ``prefix``) and judge it."""
     client: aioredis.Redis = aioredis.from_url(redis_url, decode_responses=True)
     try:
-        return judge(await read_timeline(client, Keys(prefix), gpu), excused=excused)
+        timeline = await read_timeline(client, Keys(prefix), gpu)
+        return judge(timeline, excused=excused, capacity_gib=capacity_gib)
     finally:
         await client.aclose()
 
 
 async def assert_gpu_invariants(
-    redis_url: str, prefix: str, gpu: str = "gpu0", *, excused: Collection[str] = ()
+    redis_url: str,
+    prefix: str,
+    gpu: str = "gpu0",
+    *,
+    excused: Collection[str] = (),
+    capacity_gib: float | None = None,
 ) -> Verdict:
-    verdict = await judge_gpu(redis_url, prefix, gpu, excused=excused)
+    verdict = await judge_gpu(redis_url, prefix, gpu, excused=excused, capacity_gib=capacity_gib)
     assert verdict.ok, f"ledger of {gpu} violates the invariants: {verdict.summary()} {verdict}"
     return verdict

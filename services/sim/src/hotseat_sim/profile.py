@@ -51,11 +51,13 @@ def resolve_profile(config: HotseatConfig, backend_name: str) -> SimProfile:
     pool = config.pool(backend.pool.name)
     member = pool.member(backend.pool.member) if pool is not None else None
     sim = member.sim if member is not None and member.sim is not None else SimMember()
-    capacity = (
-        pool.driver.gpu_memory_gi_b
-        if pool is not None and isinstance(pool.driver, SimDriver)
-        else None
-    )
+    capacity: float | None = None
+    if pool is not None and isinstance(pool.driver, SimDriver):
+        # A capacity pool's memory is the simulated GPU's (docs/adr/0008), and a member's
+        # declared memoryGiB is what its sim holds.
+        capacity = pool.capacity.total_gib if pool.capacity else pool.driver.gpu_memory_gi_b
+        if member is not None and member.memory_gi_b is not None:
+            sim = sim.model_copy(update={"memory_gi_b": member.memory_gi_b})
     saves = None
     if pool is not None and member is not None and member.cache and member.cache.carry_over:
         saves = slot_dir(pool, member)

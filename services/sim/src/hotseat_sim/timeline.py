@@ -41,6 +41,7 @@ __all__ = [
     "Residency",
     "cuts",
     "lost_writes",
+    "over_capacity",
     "overlaps",
     "read_timeline",
     "refused_requests",
@@ -175,6 +176,22 @@ def overlaps(timeline: Sequence[LedgerEntry]) -> list[Overlap]:
                 Overlap(other, entry.member, entry) for other in holding if other != entry.member
             )
             holding[entry.member] = entry
+        elif entry.event is LedgerEvent.UNLOADED:
+            holding.pop(entry.member, None)
+    return found
+
+
+def over_capacity(timeline: Sequence[LedgerEntry], capacity_gib: float) -> list[LedgerEntry]:
+    """``load_start`` entries after which the members holding memory (loading, resident or
+    unloading, from each ``load_start`` to its ``unloaded``) declared more than
+    ``capacity_gib`` together: recomputed from the ledger, not taken from the admission."""
+    holding: dict[str, float] = {}
+    found: list[LedgerEntry] = []
+    for entry in timeline:
+        if entry.event is LedgerEvent.LOAD_START:
+            holding[entry.member] = float(entry.fields.get("gib") or 0)
+            if sum(holding.values()) > capacity_gib + 1e-9:
+                found.append(entry)
         elif entry.event is LedgerEvent.UNLOADED:
             holding.pop(entry.member, None)
     return found
