@@ -331,6 +331,7 @@ def main() -> None:
                     "router": {"name": "hostile", "maxBodyBytes": MAX_BODY},
                     "backends": [{"name": "fast", "address": f"http://127.0.0.1:{upstream_port}"}],
                     "defaultRoute": "fast",
+                    "unknownModels": "DefaultRoute",
                 }
             )
         )

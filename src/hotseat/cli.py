@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hotseat import audit_cli, status_cli
-from hotseat_common.config import ConfigError, HotseatConfig, load_config
+from hotseat_common.config import ConfigError, HotseatConfig, UnknownModels, load_config
 from hotseat_common.durations import format_duration
 
 EXIT_OK = 0
@@ -44,6 +44,10 @@ def summarize(config: HotseatConfig) -> str:
     )
     if config.default_route:
         lines.append(f"  defaultRoute {config.default_route} ({config.default_route_strategy})")
+    if config.unknown_models is UnknownModels.DEFAULT_ROUTE:
+        lines.append(f"  models no rule names: sent to {config.default_route}")
+    else:
+        lines.append("  models no rule names: refused (404 model_not_found)")
     return "\n".join(lines)
 
 

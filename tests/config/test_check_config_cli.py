@@ -85,3 +85,22 @@ def test_usage_errors_exit_2(argv: list[str]):
     result = run_hotseat(*argv)
     assert result.returncode == EXIT_USAGE
     assert "usage:" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "line"),
+    [
+        ("", "  models no rule names: refused (404 model_not_found)"),
+        ("defaultRoute: a\n", "  models no rule names: refused (404 model_not_found)"),
+        (
+            "defaultRoute: a\nunknownModels: DefaultRoute\n",
+            "  models no rule names: sent to a",
+        ),
+    ],
+)
+def test_summary_says_where_models_no_rule_names_go(extra: str, line: str, tmp_path, capsys):
+    """The summary says whether a model no rule names is refused or sent to defaultRoute."""
+    path = tmp_path / "hotseat.yaml"
+    path.write_text("backends: [{name: a, address: 'http://127.0.0.1:9'}]\n" + extra)
+    assert main(["check-config", str(path)]) == EXIT_OK
+    assert line in capsys.readouterr().out.splitlines()

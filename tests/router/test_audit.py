@@ -95,7 +95,11 @@ async def test_served_while_nats_is_down(upstream, start_router, tmp_path, prefi
     a = await upstream("a")
     try:
         router = await start_router(
-            {"backends": [{"name": "a", "address": a.url}], "defaultRoute": "a"},
+            {
+                "backends": [{"name": "a", "address": a.url}],
+                "defaultRoute": "a",
+                "unknownModels": "DefaultRoute",
+            },
             nats_url=own_nats.url,
         )
         async with httpx.AsyncClient(timeout=10) as http:

@@ -299,6 +299,7 @@ async def test_cloud_backend_gets_its_own_bearer(upstream, start_router, client,
                 }
             ],
             "defaultRoute": "cloud",
+            "unknownModels": "DefaultRoute",
         }
     )
     await client.post(

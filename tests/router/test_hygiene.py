@@ -114,6 +114,7 @@ async def test_api_keys_from_env_and_file(upstream, start_router, client, tmp_pa
             "router": {"apiKeys": {"env": "HOTSEAT_TEST_KEYS", "file": str(keys_file)}},
             "backends": [{"name": "a", "address": a.url}],
             "defaultRoute": "a",
+            "unknownModels": "DefaultRoute",
         },
         api_keys="key-settings",
     )
@@ -184,7 +185,11 @@ async def test_hop_by_hop_never_returned(upstream, start_router):
     """Raw HTTP: the response carries no upstream hop-by-hop headers and one Date."""
     a = await upstream("a")
     router = await start_router(
-        {"backends": [{"name": "a", "address": a.url}], "defaultRoute": "a"}
+        {
+            "backends": [{"name": "a", "address": a.url}],
+            "defaultRoute": "a",
+            "unknownModels": "DefaultRoute",
+        }
     )
     port = int(router.url.rsplit(":", 1)[1])
     body = b'{"model": "m"}'

@@ -55,7 +55,10 @@ def test_a_body_budget_below_the_body_limit_exits_2(tmp_path):
     """A body budget smaller than router.maxBodyBytes (a body the config allows could
     never be buffered) stops the router with exit code 2, naming both."""
     path = write_config(
-        tmp_path, [{"name": "a", "address": "http://127.0.0.1:9"}], defaultRoute="a"
+        tmp_path,
+        [{"name": "a", "address": "http://127.0.0.1:9"}],
+        defaultRoute="a",
+        unknownModels="DefaultRoute",
     )
     done = subprocess.run(
         [find_binary("hotseat-router"), "--config", str(path), "--body-budget-bytes", "1000"],
@@ -74,7 +77,9 @@ async def test_sigterm_lets_streams_finish(upstream, nats_server, prefix, tmp_pa
     events and exits."""
     a = await upstream("a")
     a.mode = "stream"
-    config = write_config(tmp_path, [{"name": "a", "address": a.url}], defaultRoute="a")
+    config = write_config(
+        tmp_path, [{"name": "a", "address": a.url}], defaultRoute="a", unknownModels="DefaultRoute"
+    )
     port = free_port()
     proc = await asyncio.to_thread(
         start_service,
@@ -122,7 +127,9 @@ async def test_sigterm_lets_streams_finish(upstream, nats_server, prefix, tmp_pa
 async def test_two_workers_serve(upstream, nats_server, prefix, tmp_path):
     """--workers 2 starts two processes that both serve from the same port."""
     a = await upstream("a")
-    config = write_config(tmp_path, [{"name": "a", "address": a.url}], defaultRoute="a")
+    config = write_config(
+        tmp_path, [{"name": "a", "address": a.url}], defaultRoute="a", unknownModels="DefaultRoute"
+    )
     proc = await asyncio.to_thread(
         start_service,
         "router",

@@ -39,6 +39,7 @@ async def sims(redis_server, prefix):
                 },
             ],
             "defaultRoute": "big",
+            "unknownModels": "DefaultRoute",
         }
     )
     async with (

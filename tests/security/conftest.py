@@ -56,6 +56,7 @@ def router_config(echo: FakeUpstream, cloud: FakeUpstream) -> dict[str, object]:
             {"name": "c", "match": {"models": ["c"]}, "route": {"backends": ["cloud"]}},
         ],
         "defaultRoute": "echo",
+        "unknownModels": "DefaultRoute",
     }
 
 

@@ -78,6 +78,7 @@ async def router(tmp_path: Path, prefix: str, nats_server: Managed) -> AsyncIter
                     }
                 ],
                 "defaultRoute": "echo",
+                "unknownModels": "DefaultRoute",
             }
         )
     )

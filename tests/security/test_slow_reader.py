@@ -30,6 +30,7 @@ async def test_a_client_that_stops_reading_is_dropped_and_its_lease_released(
         "backends": [{"name": "a", "address": flood.url, "pool": {"name": "gpu0", "member": "a"}}],
         "pools": [{"name": "gpu0", "members": [{"name": "a"}, {"name": "b"}]}],
         "defaultRoute": "a",
+        "unknownModels": "DefaultRoute",
     }
     router = await start_router(config, activation_factory=activation.factory, write_timeout=1)
     port = int(router.url.rsplit(":", 1)[1])

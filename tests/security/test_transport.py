@@ -182,7 +182,10 @@ def test_wrong_nats_credentials_or_no_tls_are_refused(
     nats, _ = infra
     variable, value = override
     config = tmp_path / "hotseat.yaml"
-    config.write_text("backends: [{name: a, address: 'http://127.0.0.1:9'}]\ndefaultRoute: a\n")
+    config.write_text(
+        "backends: [{name: a, address: 'http://127.0.0.1:9'}]\n"
+        "defaultRoute: a\nunknownModels: DefaultRoute\n"
+    )
     env = {
         **credentials(tls),
         "HOTSEAT_CONFIG": str(config),

@@ -6,9 +6,13 @@ the model it names (a client such as Open WebUI or LiteLLM picks from this list)
 - every literal model name in a rule's ``match.models`` (a glob matches an open-ended set
   and is left out), routed as the rules say;
 - a backend's ``displayName``, upstream ``model`` or name, when that id is routed to that
-  backend first (by a rule, by ``defaultRouteStrategy: backendNameMatch``, or by the
-  default route). An upstream model name that the rules send elsewhere is not listed:
-  it is what the router sends upstream, not what a client should send.
+  backend first (by a rule's glob, by ``defaultRouteStrategy: BackendNameMatch``, or by
+  the default route under ``unknownModels: DefaultRoute``). An upstream model name that
+  the rules send elsewhere, or refuse, is not listed: it is what the router sends
+  upstream, not what a client should send.
+
+Both follow from :meth:`Matcher.route` itself, so the list cannot promise a route the
+router would not take.
 
 Each entry names the rule that routes it (``null`` for the default route) and the
 backends it prefers, in order.

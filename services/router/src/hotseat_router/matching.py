@@ -4,13 +4,18 @@ A rule matches when every condition it sets holds: ``models`` (glob patterns on 
 request's model), ``headers`` (names case-insensitive, every listed header must carry
 exactly the listed value) and ``dataClassification`` (the classification header's value,
 case-insensitive, is one of the listed ones). A rule with no condition matches everything.
+
+A request that no rule matches goes to the default route only when its model is one a
+rule names (a rule's ``match.models`` matches it; its headers or classification did not
+match), or when the config sends every other model there too (``unknownModels:
+DefaultRoute``); otherwise there is no route (404 ``model_not_found``).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from hotseat_common.config.model import (
@@ -20,6 +25,7 @@ from hotseat_common.config.model import (
     PoolActivation,
     PriorityHeader,
     Rule,
+    UnknownModels,
 )
 
 DEFAULT_ROUTE = "defaultRoute"
@@ -48,10 +54,14 @@ class _CompiledRule:
     route: Route
 
 
+def _globs(patterns: Iterable[str]) -> re.Pattern[str] | None:
+    """One pattern matching any of the globs ``patterns`` (``None`` for none)."""
+    translated = [fnmatch.translate(p) for p in patterns]
+    return re.compile("|".join(translated)) if translated else None
+
+
 def _compile(rule: Rule, config: HotseatConfig) -> _CompiledRule:
-    models = None
-    if rule.match.models:
-        models = re.compile("|".join(fnmatch.translate(p) for p in rule.match.models))
+    models = _globs(rule.match.models)
     backends = tuple(b for name in rule.route.backends if (b := config.backend(name)) is not None)
     return _CompiledRule(
         rule=rule,
@@ -82,6 +92,8 @@ class Matcher:
             backend = config.backend(config.default_route)
             if backend is not None:
                 self._default = _single(backend)
+        self._named = _globs(p for rule in config.rules for p in rule.match.models)
+        self._unknown_to_default = config.unknown_models is UnknownModels.DEFAULT_ROUTE
         self._by_name: dict[str, Route] = {}
         if self._strategy is DefaultRouteStrategy.BACKEND_NAME_MATCH:
             for backend in config.backends:
@@ -94,8 +106,13 @@ class Matcher:
         value = headers.get(self._classification_header)
         return value.strip().lower() if value is not None else None
 
+    def named(self, model: str) -> bool:
+        """Whether some rule's ``match.models`` matches ``model``."""
+        return self._named is not None and self._named.match(model) is not None
+
     def route(self, model: str, headers: Mapping[str, str]) -> Route | None:
-        """The first rule that matches, else the default route, else ``None`` (no route)."""
+        """The first rule that matches, else (``BackendNameMatch``) the backend the model
+        names, else the default route where it applies, else ``None`` (no route)."""
         classification: str | None = None
         for compiled in self._rules:
             if compiled.models is not None and compiled.models.match(model) is None:
@@ -111,7 +128,9 @@ class Matcher:
         named = self._by_name.get(model)
         if named is not None:
             return named
-        return self._default
+        if self._default is not None and (self._unknown_to_default or self.named(model)):
+            return self._default
+        return None
 
 
 def _single(backend: Backend) -> Route:

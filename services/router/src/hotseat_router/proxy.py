@@ -172,7 +172,9 @@ class ProxyEndpoint:
         header_map = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers}
         route = self._matcher.route(fields.model, header_map)
         if route is None:
-            raise ModelNotFound(f"no route serves the model {fields.model!r}")
+            raise ModelNotFound(
+                f"The model {fields.model!r} does not exist: GET /v1/models lists them"
+            )
         ctx.routed(route.rule)
         priority = request_priority(route, headers)
         if priority.ignored:

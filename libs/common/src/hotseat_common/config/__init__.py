@@ -13,6 +13,7 @@ from hotseat_common.config.model import (
     RouterPolicy,
     Rule,
     Tier,
+    UnknownModels,
 )
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "RouterPolicy",
     "Rule",
     "Tier",
+    "UnknownModels",
     "load_config",
     "parse_config",
 ]

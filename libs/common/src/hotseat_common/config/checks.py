@@ -122,6 +122,13 @@ def cross_check(raw: Mapping[str, Any]) -> list[ConfigIssue]:
                 _unknown(default_route, "a declared backend", backends.names, "backends"),
             )
         )
+    if raw.get("unknownModels") == "DefaultRoute" and default_route is None:
+        issues.append(
+            ConfigIssue(
+                "unknownModels",
+                "'DefaultRoute' needs defaultRoute, which is unset (set it, or use Refuse)",
+            )
+        )
     return issues
 
 

@@ -83,6 +83,13 @@ class DefaultRouteStrategy(StrEnum):
     BACKEND_NAME_MATCH = "BackendNameMatch"
 
 
+class UnknownModels(StrEnum):
+    """What the router does with a request for a model that no rule names."""
+
+    REFUSE = "Refuse"
+    DEFAULT_ROUTE = "DefaultRoute"
+
+
 class ClassificationPolicy(_Model):
     header_key: str = "x-hotseat-classification"
     """Request header that carries the request's data classification label."""
@@ -463,9 +470,14 @@ class HotseatConfig(_Model):
     rules: tuple[Rule, ...] = ()
     """Routing rules."""
     default_route: Name | None = None
-    """Backend for requests that no rule matches (optional)."""
+    """Backend for requests that no rule matches (optional); for a model that no rule
+    names only with ``unknownModels: DefaultRoute``."""
     default_route_strategy: DefaultRouteStrategy = DefaultRouteStrategy.STATIC
     """How requests that no rule matches are routed."""
+    unknown_models: UnknownModels = UnknownModels.REFUSE
+    """A request for a model that no rule's ``match.models`` names (nor, with
+    ``BackendNameMatch``, a backend): ``Refuse`` it with 404 ``model_not_found``, or send
+    it to ``defaultRoute`` (``DefaultRoute``)."""
 
     def backend(self, name: str) -> Backend | None:
         return next((b for b in self.backends if b.name == name), None)
