@@ -2,6 +2,8 @@
 
 - ``hotseat audit query``: events from the audit service's query API, filtered, newest
   first, as a table (``--all`` follows every page, ``--json`` prints JSON lines).
+- ``hotseat audit swap ID``: one swap: its cause, the requests that waited for it, and
+  how long each of its phases took.
 - ``hotseat audit summary``: counts by outcome and by pool/member over a window.
 - ``hotseat audit tail``: follow new events live from JetStream with an ephemeral
   consumer (the audit service need not be running).
@@ -37,7 +39,7 @@ EXIT_FAILED = 1
 HEADERS = ["TIME", "KIND", "OUTCOME", "POOL/MEMBER", "ROUTER", "RULE", "BACKEND", "STATUS",
            "MS", "REQUEST_ID", "DETAIL"]  # fmt: skip
 TAIL_WIDTHS = [24, 7, 23, 18, 10, 14, 12, 6, 8, 18, 0]
-FILTERS = ["outcome", "kind", "pool", "member", "router", "rule", "request_id"]
+FILTERS = ["outcome", "kind", "pool", "member", "router", "rule", "request_id", "swap_id"]
 
 
 def echo(text: str, *, err: bool = False) -> None:
@@ -158,6 +160,56 @@ def cmd_query(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"
+
+
+def format_swap(report: dict[str, Any]) -> str:
+    """A swap report (``GET /v1/swaps/{id}``) as a few lines and a table of its waiters."""
+    move = f"{report.get('from_member') or '-'} -> {report.get('to_member') or '-'}"
+    pool = report.get("pool") or "-"
+    lines = [f"swap {report['swap_id']}  pool {pool}  {move}  {report['outcome']}"]
+    cause = report["cause"]
+    said = f"cause: {cause.get('reason') or 'unknown'}"
+    if cause.get("request_id"):
+        said += f", request {cause['request_id']}"
+        request = cause.get("request")
+        if request:
+            said += f" ({request['outcome']}, {_ms(request.get('duration_ms'))})"
+    lines.append(said)
+    phases = report["phases"]
+    lines.append(
+        f"phases: unloading {_ms(phases.get('unload_ms'))}, loading {_ms(phases.get('load_ms'))}"
+        f", total {_ms(phases.get('total_ms'))}"
+    )
+    waiters = report["waiters"]
+    lines.append(f"waiters: {len(waiters)}")
+    if waiters:
+        rows = (
+            [_time(w["time"]), w.get("request_id") or "", w["outcome"], w.get("member") or "",
+             w.get("rule") or "", _ms(w.get("duration_ms")), "cause" if w["caused"] else ""]
+            for w in waiters
+        )  # fmt: skip
+        headers = ["ENDED", "REQUEST_ID", "OUTCOME", "MEMBER", "RULE", "TOOK", ""]
+        lines.append(format_table(headers, rows))
+    return "\n".join(lines)
+
+
+def cmd_swap(args: argparse.Namespace) -> int:
+    try:
+        with httpx.Client(base_url=args.url, timeout=HTTP_TIMEOUT) as client:
+            response = client.get(f"/v1/swaps/{args.swap_id}")
+    except httpx.HTTPError as exc:
+        echo(f"hotseat audit swap: cannot reach {args.url}: {exc}", err=True)
+        return EXIT_FAILED
+    if response.status_code != 200:
+        echo(f"hotseat audit swap: {_api_error(response)}", err=True)
+        return EXIT_FAILED
+    body = response.json()
+    echo(orjson.dumps(body).decode() if args.json else format_swap(body))
+    return EXIT_OK
+
+
 def cmd_summary(args: argparse.Namespace) -> int:
     params = {k: v for k, v in (("since", args.since), ("until", args.until)) if v}
     try:
@@ -248,6 +300,10 @@ def cmd_schema(_args: argparse.Namespace) -> int:
 def _window_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--since", type=_moment, help="ISO time or a duration ago (15m, 2h)")
     parser.add_argument("--until", type=_moment, help="ISO time or a duration ago (exclusive)")
+    _service_flags(parser)
+
+
+def _service_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
         default=default_url("audit", "HOTSEAT_AUDIT_URL", DEFAULT_URL),
@@ -275,6 +331,13 @@ def register(subparsers: Any) -> None:
     query.add_argument("--all", action="store_true", help="follow every page")
     query.add_argument("--cursor", help="continue from a previous page's cursor")
     query.set_defaults(func=cmd_query)
+
+    swap = commands.add_parser(
+        "swap", help="one swap: its cause, its waiters and how long each phase took"
+    )
+    swap.add_argument("swap_id", help="the swap's id (its events' swap_id)")
+    _service_flags(swap)
+    swap.set_defaults(func=cmd_swap)
 
     summary = commands.add_parser("summary", help="counts by outcome and pool/member")
     _window_flags(summary)

@@ -155,7 +155,7 @@ def test_wait_busy_incumbent_becomes_a_waiter_and_drains() -> None:
     assert d.reply.reason == "draining"
     assert d.swap is None
     fields = next(op for op in d.ops if isinstance(op, SetState)).fields
-    assert fields == {"phase": "draining", "target": "coder"}
+    assert fields == {"phase": "draining", "target": "coder", "cause": "client-1"}
 
 
 def test_if_idle_while_draining_is_busy() -> None:
@@ -392,7 +392,10 @@ def test_begin_load_cancels_when_demand_left_before_the_load() -> None:
     assert [a.outcome for a in d.audit] == [PoolOutcome.SWAP_CANCELLED]
     go = decide_begin_load(owned(waiters={"coder": 1}), 9, ME)
     assert go is not None
-    assert next(op for op in go.ops if isinstance(op, SetState)).fields == {"phase": "loading"}
+    assert next(op for op in go.ops if isinstance(op, SetState)).fields == {
+        "phase": "loading",
+        "loading": str(NOW),
+    }
     forced = decide_begin_load(owned(forced=True), 9, ME)
     assert forced is not None
     assert forced.audit == ()

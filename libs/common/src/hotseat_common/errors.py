@@ -80,6 +80,8 @@ class ErrorCode(StrEnum):
     INVALID_PARAMETER = "invalid_parameter"
     INVALID_CURSOR = "invalid_cursor"
     STORE_UNAVAILABLE = "store_unavailable"
+    SWAP_NOT_FOUND = "swap_not_found"
+    """No stored event carries the swap id asked for."""
 
 
 class HotseatError(Exception):

@@ -1,4 +1,5 @@
-"""The query API: ``GET /v1/events``, ``GET /v1/summary`` and ``GET /v1/dead-letters``.
+"""The query API: ``GET /v1/events``, ``GET /v1/swaps/{swap_id}``, ``GET /v1/summary`` and
+``GET /v1/dead-letters``.
 
 Errors have one body shape, ``{"error": {"code", "message", "fields"?}}``: 422 for a
 parameter that does not validate (every bad field listed), 400 for a cursor that is not
@@ -32,6 +33,7 @@ from hotseat_audit.query import (
 )
 from hotseat_audit.store import AuditStore, StoreError
 from hotseat_audit.store.base import MAX_PAGE
+from hotseat_audit.swaps import SwapReport, swap_report
 from hotseat_common.errors import ErrorCode
 
 DEFAULT_PAGE = 100
@@ -233,6 +235,18 @@ def _check_text(filters: dict[str, list[str] | None]) -> None:
             raise invalid([{"field": name, "message": "must not contain NUL (\\x00)"}])
 
 
+def _swap_route(api: APIRouter) -> None:
+    @api.get("/swaps/{swap_id}", responses={404: {"description": "No event carries this id"}})
+    async def get_swap(store: StoreDep, swap_id: str) -> SwapReport:
+        """One swap: its cause (the reason it started, and the request that started it),
+        every request that caused it or waited for it, and how long each phase took."""
+        _check_text({"swap_id": [swap_id]})
+        report = await swap_report(store, swap_id)
+        if report is None:
+            raise ApiError(404, ErrorCode.SWAP_NOT_FOUND, f"no event carries swap id {swap_id!r}")
+        return report
+
+
 def build_router(cursor_key: bytes) -> APIRouter:
     """The query routes; ``cursor_key`` signs and checks the events cursors."""
     api = APIRouter(prefix="/v1")
@@ -250,6 +264,7 @@ def build_router(cursor_key: bytes) -> APIRouter:
         router: Values = None,
         rule: Values = None,
         request_id: Values = None,
+        swap_id: Values = None,
         since: Time = None,
         until: Time = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
@@ -266,6 +281,7 @@ def build_router(cursor_key: bytes) -> APIRouter:
                 "router": router,
                 "rule": rule,
                 "request_id": request_id,
+                "swap_id": swap_id,
             }
         )
         since_utc, until_utc = _window(since, until)
@@ -277,6 +293,7 @@ def build_router(cursor_key: bytes) -> APIRouter:
             router=tuple(router or ()),
             rule=tuple(rule or ()),
             request_id=tuple(request_id or ()),
+            swap_id=tuple(swap_id or ()),
             since=since_utc,
             until=until_utc,
         )
@@ -294,6 +311,8 @@ def build_router(cursor_key: bytes) -> APIRouter:
             events=[e.model_dump(mode="json", exclude_none=True) for e in page],
             next=next_cursor,
         )
+
+    _swap_route(api)
 
     @api.get("/summary")
     async def summary(store: StoreDep, since: Time = None, until: Time = None) -> SummaryBody:

@@ -27,7 +27,16 @@ import orjson
 
 from hotseat_common.messages.audit import PoolOutcome, RequestOutcome
 
-FILTER_FIELDS = ("outcome", "kind", "pool", "member", "router", "rule", "request_id")
+FILTER_FIELDS = (
+    "outcome",
+    "kind",
+    "pool",
+    "member",
+    "router",
+    "rule",
+    "request_id",
+    "swap_id",
+)
 """Event columns a query may filter on by equality (several values mean any of them)."""
 
 OUTCOMES = frozenset(o.value for o in RequestOutcome) | frozenset(o.value for o in PoolOutcome)
@@ -101,6 +110,7 @@ class EventFilter:
     router: tuple[str, ...] = ()
     rule: tuple[str, ...] = ()
     request_id: tuple[str, ...] = ()
+    swap_id: tuple[str, ...] = ()
     since: datetime | None = None
     """Inclusive lower bound on the event time."""
     until: datetime | None = None

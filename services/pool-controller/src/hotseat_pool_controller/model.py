@@ -138,6 +138,12 @@ class PoolSnapshot:
     """The member resident before the current one."""
     released_ms: int = 0
     """When the resident's last lease was released (Redis clock; 0: never)."""
+    swap_id: str | None = None
+    """The swap in flight, or the last one (the one that made the resident resident)."""
+    cause: str | None = None
+    """The request id of the request that set the pool draining toward ``target``."""
+    loading_ms: int = 0
+    """When the swap in flight began its load (Redis clock; 0: not yet)."""
     leases: Mapping[str, int] = field(default_factory=dict)
     waiters: Mapping[str, int] = field(default_factory=dict)
     failures: Mapping[str, int] = field(default_factory=dict)
@@ -279,6 +285,8 @@ class SwapOrder:
     resume: bool = False
     loading: bool = False
     """Resumed in ``loading``: the target's load began under an earlier owner."""
+    swap_id: str = ""
+    """The swap's id (kept through a takeover; logs and traces carry it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +312,10 @@ class AuditIntent:
     request_id: str | None = None
     cache: CacheFigures | None = None
     """A swap's prompt-cache figures, on its terminal event when it saved or restored."""
+    swap_id: str | None = None
+    unload_ms: float | None = None
+    """A swap's phase times, on its terminal event."""
+    load_ms: float | None = None
 
     @classmethod
     def of_swap(
@@ -313,9 +325,38 @@ class AuditIntent:
         from_member: str | None,
         epoch: int,
         reason: str | None = None,
+        *,
+        snap: PoolSnapshot | None = None,
     ) -> AuditIntent:
-        """A swap's event: it is about its target, from the member it started from."""
-        return cls(outcome, target, from_member, target, epoch, reason)
+        """A swap's event: it is about its target, from the member it started from; with
+        ``snap`` (the swap's state right before it ends), its id and its phase times."""
+        if snap is None:
+            return cls(outcome, target, from_member, target, epoch, reason)
+        unload_ms, load_ms = swap_phases_ms(snap)
+        return cls(
+            outcome,
+            target,
+            from_member,
+            target,
+            epoch,
+            reason,
+            swap_id=snap.swap_id,
+            unload_ms=unload_ms,
+            load_ms=load_ms,
+        )
+
+
+def swap_phases_ms(snap: PoolSnapshot) -> tuple[float | None, float | None]:
+    """How long the swap in flight in ``snap`` has unloaded and loaded so far (Redis
+    clock); ``None`` for a phase it has not reached."""
+    if not snap.started_ms:
+        return None, None
+    if not snap.loading_ms:
+        return float(max(0, snap.now_ms - snap.started_ms)), None
+    return (
+        float(max(0, snap.loading_ms - snap.started_ms)),
+        float(max(0, snap.now_ms - snap.loading_ms)),
+    )
 
 
 Reply = Granted | IncumbentBusyReply | WaitReply | ErrorReply

@@ -28,6 +28,7 @@ def pool_view(policy: PoolPolicy, snap: PoolSnapshot) -> PoolView:
         phase=snap.phase.value,
         unloading=snap.from_member if snap.phase == Phase.UNLOADING else None,
         loading=snap.target if snap.phase == Phase.LOADING else None,
+        swap_id=snap.swap_id if in_flight else None,
         swap_elapsed_s=_seconds(elapsed),
         swap_expected_s=_seconds(expected),
         swap_remaining_s=_seconds(remaining),

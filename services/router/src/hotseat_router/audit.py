@@ -51,6 +51,7 @@ class RequestAudit:
                 status=status if status is not None else ctx.status,
                 duration_ms=round(elapsed * 1000, 3),
                 reason=reason,
+                swap_id=ctx.swap_id,
             )
         )
 

@@ -36,6 +36,10 @@ class RequestContext:
     """Set for a streaming request its rule answers early while held (``holdKeepAlive``)."""
     held_s: float = 0.0
     """How long the request was held for pool leases, all its attempts together."""
+    swap_id: str | None = None
+    """The swap the request caused or waited for: the last one that loaded its member,
+    else the last one it waited through."""
+    _swap_for_member: bool = False
     finished: bool = False
     """The terminal audit event was emitted."""
     response_done: bool = False
@@ -60,6 +64,14 @@ class RequestContext:
         """A pool is asked for a member: the event names the last one asked even when no
         backend answers (``pool_activation_timeout``, ``pool_incumbent_busy``)."""
         self.pool, self.member = pool, member
+
+    def waits_for_swap(self, swap_id: str | None, *, for_member: bool) -> None:
+        """The pool said the request waits through swap ``swap_id`` (``for_member``: one
+        that loads the member it asked for)."""
+        if swap_id is None or (self._swap_for_member and not for_member):
+            return
+        self.swap_id = swap_id
+        self._swap_for_member = for_member
 
     def held_for(self, seconds: float) -> None:
         self.held_s += seconds

@@ -37,6 +37,7 @@ from hotseat_common.errors import (
     UnknownPool,
 )
 from hotseat_common.logging import get_logger
+from hotseat_common.messages import WaitReply
 from hotseat_common.metrics import RouterMetrics
 from hotseat_router.activation.protocol import ActivationClient, Lease
 from hotseat_router.activation.scope import LeaseScope
@@ -239,6 +240,12 @@ class Dispatcher:
     ) -> Lease:
         """The lease; for a held stream answered early, a keep-alive at every interval."""
         held = ctx.held_stream
+
+        def heard(reply: WaitReply) -> None:
+            ctx.waits_for_swap(reply.swap_id, for_member=reply.target == member)
+            if held is not None:
+                held.heard(reply)
+
         acquire = self._activation.acquire(
             pool=pool,
             member=member,
@@ -247,16 +254,16 @@ class Dispatcher:
             request_id=ctx.request_id,
             budget_s=budget,
             priority=ctx.priority,
-            on_wait=held.heard if held is not None else None,
+            on_wait=heard,
         )
         if held is None:
-            return await acquire
+            return _leased(ctx, await acquire)
         task = asyncio.ensure_future(acquire)
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=held.interval)
                 if done:
-                    return task.result()
+                    return _leased(ctx, task.result())
                 await held.tick(member)
         finally:
             if not task.done():
@@ -310,6 +317,11 @@ class Dispatcher:
         result = "ok" if response.status < 400 else "http_4xx"
         attempts.labels(self._router, backend.name, result).inc()
         return response
+
+
+def _leased(ctx: RequestContext, lease: Lease) -> Lease:
+    ctx.waits_for_swap(lease.swap_id, for_member=True)
+    return lease
 
 
 async def _failed(attempt: Attempt, connection_failure: str | None) -> None:

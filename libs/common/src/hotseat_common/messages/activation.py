@@ -63,12 +63,16 @@ class Granted(WireModel):
     lease_id: str
     ttl_s: float
     epoch: int
+    swap_id: str | None = None
+    """The swap that made the member resident, when this request waited for it."""
 
 
 class IncumbentBusyReply(WireModel):
     status: Literal[ErrorCode.INCUMBENT_BUSY] = ErrorCode.INCUMBENT_BUSY
     resident: str | None = None
     retry_after_s: float
+    swap_id: str | None = None
+    """The swap in flight that keeps the member from the request, if one is."""
 
 
 class WaitReply(WireModel):
@@ -81,6 +85,9 @@ class WaitReply(WireModel):
     """The request's place in line: 1 when the next swap is its member's."""
     eta_s: float | None = None
     """The earliest it can be served, from measured swap times (a lower bound)."""
+    swap_id: str | None = None
+    """The swap in flight the request waits through (``None`` while a drain has not yet
+    become a swap)."""
 
 
 class ErrorReply(WireModel):
@@ -160,3 +167,5 @@ class PoolStateChanged(WireModel):
     closed: bool | None = None
     """True when the resident takes no new request (``maxWait``): a router stops sharing
     its leases on it, so that new requests ask (and wait) instead."""
+    swap_id: str | None = None
+    """The swap in flight (phases ``unloading`` and ``loading``)."""

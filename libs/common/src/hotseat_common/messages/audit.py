@@ -101,6 +101,20 @@ class AuditEvent(WireModel):
     """A swap's prompt-cache restore: bytes read."""
     cache_restored_tokens: int | None = None
     cache_restore_ms: float | None = None
+    swap_id: str | None = None
+    """The swap the event is about: on every ``swap_*`` event, and on a request event the
+    request that caused the swap or waited for it (docs/audit.md)."""
+    unload_ms: float | None = None
+    """A swap's unloading phase (on its terminal event, when it got that far)."""
+    load_ms: float | None = None
+    """A swap's loading phase, prompt-cache restore included (on ``swap_completed`` and a
+    ``swap_failed`` that began its load)."""
+    prompt_tokens: int | None = None
+    """A served request's prompt tokens, from the upstream's ``usage``."""
+    completion_tokens: int | None = None
+    """A served request's completion tokens, from the upstream's ``usage``."""
+    api_key: str | None = None
+    """Which client API key the request came with: a short digest, never the key."""
 
     @model_validator(mode="after")
     def _outcome_fits_kind(self) -> Self:

@@ -18,6 +18,8 @@ class PoolView(BaseModel):
     """The member a swap is unloading right now (phase ``unloading``)."""
     loading: str | None = None
     """The member a swap is loading right now (phase ``loading``)."""
+    swap_id: str | None = None
+    """The id of the swap in flight, as its audit events and its waiters' carry it."""
     swap_elapsed_s: float | None = None
     """Time since the swap in flight began its unload."""
     swap_expected_s: float | None = None

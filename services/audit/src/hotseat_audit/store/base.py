@@ -28,6 +28,16 @@ CACHE_FIELDS: tuple[str, ...] = (
 )
 """A swap's prompt-cache figures (migration 2)."""
 
+OBSERVABILITY_FIELDS: tuple[str, ...] = (
+    "swap_id",
+    "unload_ms",
+    "load_ms",
+    "prompt_tokens",
+    "completion_tokens",
+    "api_key",
+)
+"""Swap ids and phase times, token usage and the client's key (migration 3)."""
+
 EVENT_FIELDS: tuple[str, ...] = (
     "id",
     "time",
@@ -47,6 +57,7 @@ EVENT_FIELDS: tuple[str, ...] = (
     "epoch",
     "reason",
     *CACHE_FIELDS,
+    *OBSERVABILITY_FIELDS,
     "v",
 )
 """Columns that hold the event itself, in :class:`AuditEvent` field order."""

@@ -39,6 +39,7 @@ _FILTER_INDEXES = (
     ("rule", "rule, time, id"),
     ("request", "request_id, time, id"),
 )
+"""Migration 1's indexes; later migrations add their own."""
 
 
 def _indexes() -> tuple[str, ...]:
@@ -146,6 +147,18 @@ _V2_COLUMNS = (
 )
 """A swap's prompt-cache figures (docs/adr/0007): nullable, so old rows need nothing."""
 
+_V3_COLUMNS = (
+    ("swap_id", "TEXT", "text"),
+    ("unload_ms", "REAL", "double precision"),
+    ("load_ms", "REAL", "double precision"),
+    ("prompt_tokens", "INTEGER", "bigint"),
+    ("completion_tokens", "INTEGER", "bigint"),
+    ("api_key", "TEXT", "text"),
+)
+"""Swap ids and phase times, token usage and the client's key: nullable, so old rows
+need nothing; the swap id leads an index, as every filter column does."""
+_V3_INDEX = "CREATE INDEX audit_events_swap ON audit_events (swap_id, time, id)"
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "events and dead letters", sqlite=_V1_SQLITE, postgres=_V1_POSTGRES),
     Migration(
@@ -153,6 +166,18 @@ MIGRATIONS: tuple[Migration, ...] = (
         "prompt-cache figures of swaps",
         sqlite=tuple(f"ALTER TABLE audit_events ADD COLUMN {n} {t}" for n, t, _ in _V2_COLUMNS),
         postgres=tuple(f"ALTER TABLE audit_events ADD COLUMN {n} {t}" for n, _, t in _V2_COLUMNS),
+    ),
+    Migration(
+        3,
+        "swap ids, phase times and token usage",
+        sqlite=(
+            *(f"ALTER TABLE audit_events ADD COLUMN {n} {t}" for n, t, _ in _V3_COLUMNS),
+            _V3_INDEX,
+        ),
+        postgres=(
+            *(f"ALTER TABLE audit_events ADD COLUMN {n} {t}" for n, _, t in _V3_COLUMNS),
+            _V3_INDEX,
+        ),
     ),
 )
 

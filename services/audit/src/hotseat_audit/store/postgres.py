@@ -50,6 +50,10 @@ _ARRAY_TYPES = {
     "cache_restored_bytes": "int8[]",
     "cache_restored_tokens": "int8[]",
     "cache_restore_ms": "float8[]",
+    "unload_ms": "float8[]",
+    "load_ms": "float8[]",
+    "prompt_tokens": "int8[]",
+    "completion_tokens": "int8[]",
     "v": "int2[]",
     "stream_seq": "int8[]",
 }

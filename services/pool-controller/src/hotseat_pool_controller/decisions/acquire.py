@@ -24,7 +24,7 @@ from hotseat_pool_controller.decisions.hold import (
     withdraw,
 )
 from hotseat_pool_controller.decisions.schedule import closing_for
-from hotseat_pool_controller.decisions.start import start_swap
+from hotseat_pool_controller.decisions.start import forget_cause, start_swap
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
     SERVING,
@@ -117,7 +117,11 @@ def _for_resident(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy) -> De
             return hold(snap, ask, policy, WaitReason.RECOVERING, target=ask.member)
         also: tuple[Op, ...] = ()
         if closing is not None:
-            also = (set_state(phase=Phase.DRAINING, target=closing, closed=True),)
+            also = (
+                set_state(
+                    phase=Phase.DRAINING, target=closing, closed=True, cause=forget_cause(snap)
+                ),
+            )
         return hold(snap, ask, policy, WaitReason.CLOSED, target=closing or snap.target, also=also)
     return _grant(snap, ask, policy)
 
@@ -139,7 +143,7 @@ def _behind_busy_incumbent(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPoli
     draining = snap.phase == Phase.DRAINING
     also: tuple[Op, ...] = ()
     if snap.phase == Phase.IDLE:
-        also = (set_state(phase=Phase.DRAINING, target=ask.member),)
+        also = (set_state(phase=Phase.DRAINING, target=ask.member, cause=ask.request_id),)
     return hold(
         snap,
         ask,
@@ -158,7 +162,9 @@ def _swap_now(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy, controlle
     target = ask.member
     if snap.phase == Phase.DRAINING and snap.target and snap.live_waiters(snap.target) > 0:
         target = snap.target
-    start = start_swap(snap, policy, controller, target, reason=SwapReason.DEMAND)
+    drained_for = snap.cause if snap.target == target else None
+    cause = drained_for or (ask.request_id if target == ask.member else None)
+    start = start_swap(snap, policy, controller, target, reason=SwapReason.DEMAND, cause=cause)
     if target != ask.member and ask.mode == PoolActivation.IF_IDLE:
         # The drained GPU goes to the requests that waited for it; an IfIdle request for
         # another member starts that swap but is not held through it only to be skipped.
@@ -181,7 +187,11 @@ def _swap_serves_others(snap: PoolSnapshot, member: str) -> bool:
 def _busy(snap: PoolSnapshot, ask: AcquireAsk) -> Decision:
     """IfIdle: the GPU is (or is about to be) busy with another member; skip at once."""
     return Decision(
-        reply=IncumbentBusyReply(resident=snap.resident, retry_after_s=retry_after_s(snap)),
+        reply=IncumbentBusyReply(
+            resident=snap.resident,
+            retry_after_s=retry_after_s(snap),
+            swap_id=snap.swap_id if snap.phase in IN_FLIGHT else None,
+        ),
         ops=withdraw(snap, ask),
     )
 
@@ -200,7 +210,13 @@ def _grant(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy) -> Decision:
     if snap.attempt_waiting:
         ops = (lease, RemoveWaiter(ask.member, ask.attempt))
     return Decision(
-        reply=Granted(lease_id=ask.lease_id, ttl_s=policy.lease_ttl_ms / 1000, epoch=snap.epoch),
+        reply=Granted(
+            lease_id=ask.lease_id,
+            ttl_s=policy.lease_ttl_ms / 1000,
+            epoch=snap.epoch,
+            # It waited, and is served now: by the swap that made its member resident.
+            swap_id=snap.swap_id if snap.attempt_waiting else None,
+        ),
         ops=ops,
         pre=Preconditions(version=snap.version),
     )

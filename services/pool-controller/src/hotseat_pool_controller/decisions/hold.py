@@ -113,6 +113,7 @@ def hold(
             retry_after_s=retry_after_s(snap),
             position=place,
             eta_s=round(eta, 3),
+            swap_id=snap.swap_id if snap.phase in IN_FLIGHT else None,
         ),
         ops=(AddWaiter(ask.member, ask.attempt, ask.deadline_ms, urgency), *also),
         pre=waiter_cap(snap, policy, Preconditions(version=snap.version)),

@@ -21,12 +21,25 @@ from hotseat_pool_controller.model import (
     SetState,
     SwapOrder,
 )
-from hotseat_pool_controller.store.codec import set_state
+from hotseat_pool_controller.store.codec import KEEP, Keep, set_state
 
 
 def next_epoch(snap: PoolSnapshot) -> int:
     """Strictly above the last epoch, and above any epoch issued before Redis lost data."""
     return max(snap.epoch + 1, snap.now_ms)
+
+
+def forget_cause(snap: PoolSnapshot) -> Keep | None:
+    """Clears the drain's cause (written only when there is one): the drain changed
+    target, stopped, or became a swap."""
+    return None if snap.cause else KEEP
+
+
+def swap_id_of(pool: str, epoch: int) -> str:
+    """A swap's id: its pool and the epoch it started under, unique per pool (epochs only
+    grow, even past a store that lost its data) and kept when another replica takes the
+    swap over under a newer epoch."""
+    return f"{pool}-{epoch}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +74,7 @@ class SwapStart:
             target=self.order.target or None,
             epoch=self.order.epoch,
             retry_after_s=retry_after_s(snap),
+            swap_id=self.order.swap_id,
         )
 
 
@@ -73,12 +87,17 @@ def start_swap(
     reason: SwapReason,
     forced: bool = False,
     guard_waiters: bool = True,
+    cause: str | None = None,
 ) -> SwapStart:
     """Unload the incumbent, then load ``target`` (``None``: an admin unload, after which
     the pool stays cold). ``forced``: load even without waiters (a warm-up, an admin
     swap). ``guard_waiters``: the resident's waiters just after its commit count as
-    busy (an admin action, which ignores waiters, passes False)."""
+    busy (an admin action, which ignores waiters, passes False). ``cause``: the request
+    that starts it; by default, for a drain's target, the request that began the drain."""
     epoch = next_epoch(snap)
+    swap_id = swap_id_of(policy.name, epoch)
+    if cause is None and target is not None and target == snap.target:
+        cause = snap.cause
     unload_only = target is None
     state = set_state(
         phase=Phase.UNLOADING,
@@ -94,6 +113,9 @@ def start_swap(
         parked=unload_only,
         unhealthy=False,
         relearn_ms=None,
+        swap_id=swap_id,
+        cause=forget_cause(snap),
+        loading_ms=None if snap.loading_ms else KEEP,
     )
     busy_guard = (snap.resident,) if snap.resident else ()
     # The resident's waiters count as busy only just after its commit (incumbent_busy);
@@ -113,6 +135,8 @@ def start_swap(
         to_member=target,
         epoch=epoch,
         reason=reason,
+        request_id=cause,
+        swap_id=swap_id,
     )
-    order = SwapOrder(target=target or "", epoch=epoch, from_member=snap.resident)
+    order = SwapOrder(target=target or "", epoch=epoch, from_member=snap.resident, swap_id=swap_id)
     return SwapStart(state, guard, order, audit)

@@ -61,11 +61,15 @@ def decide_begin_load(snap: PoolSnapshot, epoch: int, controller: str) -> Decisi
                     snap.from_member,
                     epoch,
                     "demand_gone_before_load",
+                    snap=snap,
                 ),
             ),
         )
     # An unload-only swap (admin) has nothing to load: it goes straight on to its commit.
-    return Decision(ops=(set_state(phase=Phase.LOADING),), pre=_still_owned(epoch, controller))
+    return Decision(
+        ops=(set_state(phase=Phase.LOADING, loading_ms=snap.now_ms),),
+        pre=_still_owned(epoch, controller),
+    )
 
 
 def _cold_state() -> SetState:
@@ -103,7 +107,9 @@ def decide_commit(snap: PoolSnapshot, epoch: int, controller: str) -> Decision |
         ),
         pre=_still_owned(epoch, controller),
         audit=(
-            AuditIntent.of_swap(PoolOutcome.SWAP_COMPLETED, snap.target, snap.from_member, epoch),
+            AuditIntent.of_swap(
+                PoolOutcome.SWAP_COMPLETED, snap.target, snap.from_member, epoch, snap=snap
+            ),
         ),
     )
 
@@ -119,7 +125,9 @@ def decide_fail(
             ops=(_cold_state(),),
             pre=_still_owned(epoch, controller),
             audit=(
-                AuditIntent.of_swap(PoolOutcome.SWAP_FAILED, None, snap.from_member, epoch, reason),
+                AuditIntent.of_swap(
+                    PoolOutcome.SWAP_FAILED, None, snap.from_member, epoch, reason, snap=snap
+                ),
             ),
         )
     return Decision(
@@ -131,7 +139,7 @@ def decide_fail(
         pre=_still_owned(epoch, controller),
         audit=(
             AuditIntent.of_swap(
-                PoolOutcome.SWAP_FAILED, snap.target, snap.from_member, epoch, reason
+                PoolOutcome.SWAP_FAILED, snap.target, snap.from_member, epoch, reason, snap=snap
             ),
         ),
     )

@@ -10,7 +10,7 @@ from hotseat_common.messages import PoolOutcome, SwapReason
 from hotseat_pool_controller.decisions.busy import incumbent_busy, needs_slots
 from hotseat_pool_controller.decisions.recovery import decide_resident_lost
 from hotseat_pool_controller.decisions.schedule import closing_for, idle_unload_due, most_urgent
-from hotseat_pool_controller.decisions.start import next_epoch, start_swap
+from hotseat_pool_controller.decisions.start import forget_cause, next_epoch, start_swap
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
     NOTHING,
@@ -65,12 +65,16 @@ def _toward(
         closing = closing_for(snap, policy)
         if closing is not None:
             return Decision(
-                ops=(set_state(phase=Phase.DRAINING, target=closing, closed=True),),
+                ops=(
+                    set_state(
+                        phase=Phase.DRAINING, target=closing, closed=True, cause=forget_cause(snap)
+                    ),
+                ),
                 pre=Preconditions(version=snap.version),
             )
         if snap.phase == Phase.IDLE:
             return Decision(
-                ops=(set_state(phase=Phase.DRAINING, target=demand),),
+                ops=(set_state(phase=Phase.DRAINING, target=demand, cause=forget_cause(snap)),),
                 pre=Preconditions(version=snap.version),
             )
         return NOTHING
@@ -99,9 +103,12 @@ def _idle_unload(
 def _retarget(snap: PoolSnapshot, demand: str | None) -> Decision:
     """Drain toward the most urgent member's waiters now, or, with none left, stop."""
     if demand is not None:
-        return Decision(ops=(set_state(target=demand),), pre=Preconditions(version=snap.version))
+        return Decision(
+            ops=(set_state(target=demand, cause=forget_cause(snap)),),
+            pre=Preconditions(version=snap.version),
+        )
     return Decision(
-        ops=(set_state(phase=Phase.IDLE, target=None, closed=False),),
+        ops=(set_state(phase=Phase.IDLE, target=None, closed=False, cause=forget_cause(snap)),),
         pre=Preconditions(version=snap.version, zero_waiters=(snap.target,) if snap.target else ()),
         audit=(
             AuditIntent.of_swap(
@@ -152,5 +159,6 @@ def _maybe_take_over(snap: PoolSnapshot, policy: PoolPolicy, controller: str) ->
             from_member=snap.from_member,
             resume=True,
             loading=snap.phase == Phase.LOADING,
+            swap_id=snap.swap_id or "",
         ),
     )

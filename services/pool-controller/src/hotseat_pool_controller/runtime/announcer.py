@@ -13,7 +13,7 @@ from hotseat_common.messages import PoolOutcome, PoolStateChanged, pool_event
 from hotseat_common.metrics import PoolMetrics
 from hotseat_common.subjects import Subjects
 from hotseat_pool_controller.drivers.base import CacheReport
-from hotseat_pool_controller.model import AuditIntent, PoolSnapshot
+from hotseat_pool_controller.model import IN_FLIGHT, AuditIntent, PoolSnapshot
 from hotseat_pool_controller.runtime.counting import Counting
 from hotseat_pool_controller.store.pool import ExpiredLease
 
@@ -44,6 +44,7 @@ class Announcer:
             target=snap.target,
             reason=reason,
             closed=True if snap.closed else None,
+            swap_id=snap.swap_id if snap.phase in IN_FLIGHT else None,
         )
         try:
             await self._nc.publish(self._subjects.pool_events(pool), message.to_bytes())
@@ -118,6 +119,9 @@ class Announcer:
             "to_member": intent.to_member,
             "epoch": intent.epoch,
             "reason": intent.reason,
+            "swap_id": intent.swap_id,
+            "unload_ms": intent.unload_ms,
+            "load_ms": intent.load_ms,
         }
         if intent.cache is not None:
             about |= {

@@ -185,7 +185,8 @@ class SwapRunner:
         remaining = max(0.0, (snap.deadline_ms - snap.now_ms) / 1000)
         started = time.monotonic()
         log.info("swap_run", pool=self._policy.name, target=order.target, epoch=epoch,
-                 resume=order.resume, budget_s=round(remaining, 3))  # fmt: skip
+                 swap_id=order.swap_id, resume=order.resume,
+                 budget_s=round(remaining, 3))  # fmt: skip
         claim = _Claim(asyncio.current_task())
         tally = _CacheTally()
         heartbeat = asyncio.create_task(
@@ -226,7 +227,8 @@ class SwapRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
             log.info("swap_run_done", pool=self._policy.name, target=order.target, epoch=epoch,
-                     result=result, seconds=round(time.monotonic() - started, 3))  # fmt: skip
+                     swap_id=order.swap_id, result=result,
+                     seconds=round(time.monotonic() - started, 3))  # fmt: skip
         return result
 
     async def _still_owner(self, order: SwapOrder) -> PoolSnapshot:

@@ -21,6 +21,9 @@ The ``state`` hash, per pool (docs/adr/0001 has the meaning of each field):
     released   when the resident's last lease was released (ms; written by the release
                script, not a transition: it moves no ``version``)
     store      the ``run_id`` of the Redis server the state was written on (scripts only)
+    swap       the id of the swap in flight, or of the last one (kept through a takeover)
+    cause      the request id of the request that set the pool draining toward its target
+    loading    when the swap in flight began its load (ms)
 
 All times are on Redis's clock. A lease's record in ``lease-meta`` is the JSON object
 ``{member, attempt, request_id, router, epoch}`` (``adopted`` when a renewal wrote it back).
@@ -62,6 +65,8 @@ class _Keep(Enum):
 
 KEEP: Final = _Keep.KEEP
 """The field keeps its value (the default of every :func:`set_state` argument)."""
+Keep = _Keep
+"""The type of :data:`KEEP`, for decisions that pass it on."""
 
 _TRUE = "1"
 _EMPTY = ""
@@ -85,6 +90,9 @@ def set_state(
     relearn_ms: int | _Keep | None = KEEP,
     closed: bool | _Keep = KEEP,
     previous: str | _Keep | None = KEEP,
+    swap_id: str | _Keep | None = KEEP,
+    cause: str | _Keep | None = KEEP,
+    loading_ms: int | _Keep | None = KEEP,
     bump: bool = True,
 ) -> SetState:
     """A change of some fields of the pool state (named as :class:`PoolSnapshot` names
@@ -106,6 +114,9 @@ def set_state(
         "relearn": relearn_ms,
         "closed": closed,
         "previous": previous,
+        "swap": swap_id,
+        "cause": cause,
+        "loading": loading_ms,
     }
     fields = {name: _encode(value) for name, value in values.items() if value is not KEEP}
     return SetState(fields, bump=bump)
@@ -174,6 +185,9 @@ def decode_snapshot(raw: Mapping[str, Any]) -> PoolSnapshot:
         closed=bool(state.get("closed")),
         previous=state.get("previous") or None,
         released_ms=int(state.get("released") or 0),
+        swap_id=state.get("swap") or None,
+        cause=state.get("cause") or None,
+        loading_ms=int(state.get("loading") or 0),
         leases={m["name"]: int(m["leases"]) for m in members},
         waiters={m["name"]: int(m["waiters"]) for m in members},
         failures={m["name"]: int(m["failure"]) for m in members if int(m["failure"]) > 0},

@@ -94,7 +94,8 @@ class HeldLeases:
         left = lease.valid_until - asyncio.get_running_loop().time()
         if lease.lost.is_set() or not held.shareable or left < lease.ttl_s / 2:
             return None  # renewals behind schedule or the member in doubt: ask
-        handle = replace(lease)  # its own handle; ``lost`` is the same event
+        # Its own handle (``lost`` is the same event); it waited for no swap.
+        handle = replace(lease, swap_id=None)
         held.handles.append(handle)
         return handle
 

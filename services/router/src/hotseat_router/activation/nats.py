@@ -263,6 +263,7 @@ class NatsActivationClient:
             ttl_s=reply.ttl_s,
             attempt=request.attempt,
             request_id=request.request_id,
+            swap_id=reply.swap_id,
             valid_until=asked_at + reply.ttl_s,
         )
         return self._leases.hold(lease)

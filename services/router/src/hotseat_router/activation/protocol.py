@@ -57,6 +57,9 @@ class Lease:
     """The attempt that was granted the lease."""
     request_id: str = ""
     """The client's request id of that attempt (audit only)."""
+    swap_id: str | None = None
+    """The swap this attempt waited for that made the member resident (audit only);
+    ``None`` on a lease shared with another request."""
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the controller refused a renewal: the member may no longer be resident."""
     valid_until: float = math.inf
