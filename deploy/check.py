@@ -9,7 +9,8 @@ No Docker engine and no cluster needed:
 - Kubernetes (:mod:`deploy.checks.kubernetes`): each overlay rendered like ``kustomize
   build`` (:mod:`deploy.kustomize`), every object against the Kubernetes schemas, and
   cross-references including the driver's RBAC.
-- The Grafana dashboard (:mod:`deploy.checks.dashboard`).
+- The Grafana dashboard (:mod:`deploy.checks.dashboard`), and compose.yaml's Prometheus
+  and Grafana that show it (:mod:`deploy.checks.monitoring`).
 
 Prints one line per check and per problem; exit status 1 when there is a problem.
 """
@@ -23,6 +24,7 @@ from deploy.checks.compose import check_nginx, check_project
 from deploy.checks.dashboard import check_dashboard
 from deploy.checks.dockerfile import check_dockerfile
 from deploy.checks.kubernetes import check_overlay
+from deploy.checks.monitoring import check_monitoring
 from deploy.checks.report import Report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +41,7 @@ def check_all(root: Path = ROOT) -> Report:
     for overlay in sorted((root / "deploy/kubernetes/overlays").iterdir()):
         check_overlay(report, root, overlay)
     check_dashboard(report, root / "deploy/kubernetes/monitoring/grafana-dashboard.json")
+    check_monitoring(report, root)
     return report
 
 

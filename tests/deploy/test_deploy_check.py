@@ -71,6 +71,7 @@ def test_shipped_files_pass_every_check(shipped: Report):
         "Dockerfile:",
         "kubernetes deploy/kubernetes/overlays/example:",
         "dashboard:",
+        "monitoring: 5 scrape targets",
     )
     for what in expected:
         assert what in checked
@@ -87,7 +88,7 @@ def test_make_deploy_check_exits_zero_and_prints_the_tally():
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.strip().endswith("6 checked, 0 problem(s)")
+    assert done.stdout.strip().endswith("7 checked, 0 problem(s)")
 
 
 # --- compose --------------------------------------------------------------------------
@@ -162,6 +163,33 @@ def test_nginx_upstreams_must_be_router_services(tree: Path):
     found = "\n".join(problems(tree))
     assert "upstream router-3 is not a compose service" in found
     assert "upstream router-1:9999: the service listens elsewhere" in found
+
+
+def test_prometheus_scrapes_every_hotseat_service_where_it_listens(tree: Path):
+    """A target that is no service, one on the wrong port, and a Hotseat service left
+    unscraped are each reported."""
+    path = tree / "deploy/compose/prometheus.yml"
+    path.write_text(
+        path.read_text()
+        .replace('"router-2:8080"', '"router-3:8080"')
+        .replace('"audit:8082"', '"audit:9999"')
+    )
+    found = "\n".join(problems(tree))
+    assert "target router-3:8080: router-3 is not a compose service" in found
+    assert "target audit:9999: audit listens on 8082" in found
+    assert "service router-2 is not scraped" in found
+
+
+def test_grafana_shows_the_shipped_dashboard_from_prometheus(tree: Path):
+    """A data source that is not the prometheus service, and a dashboard path where the
+    shipped dashboard is not mounted, are reported."""
+    sources = tree / "deploy/compose/grafana/provisioning/datasources/prometheus.yaml"
+    sources.write_text(sources.read_text().replace("http://prometheus:9090", "http://prom:9090"))
+    providers = tree / "deploy/compose/grafana/provisioning/dashboards/hotseat.yaml"
+    providers.write_text(providers.read_text().replace("/var/lib/grafana/dashboards", "/dash"))
+    found = "\n".join(problems(tree))
+    assert "data source http://prom:9090 is not the prometheus service" in found
+    assert "dashboard path /dash holds no mount of" in found
 
 
 # --- Dockerfile -----------------------------------------------------------------------
