@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -354,10 +354,23 @@ def request_ids(dsn: str) -> Counter[str]:
     return Counter(str(r[0]) for r in rows)
 
 
-async def verdicts(redis_url: str) -> dict[str, Verdict]:
+async def verdicts(redis_url: str, sims: list[Managed]) -> dict[str, Verdict]:
+    """The full verdict of each pool's ledger, with the ledger writes its sims counted as
+    failed (a failed last write leaves no gap in the sequence for the verdict to see)."""
+    failures: Counter[str] = Counter()
+    async with httpx.AsyncClient(timeout=10) as http:
+        for sim in sims:
+            state = (await http.get(f"{sim.url}/control/state")).json()
+            failures[str(state["pool"])] += int(state["ledger_write_failures"])
     client: aioredis.Redis = aioredis.from_url(redis_url, decode_responses=True)
     try:
-        return {pool: judge(await read_timeline(client, Keys(PREFIX), pool)) for pool in POOLS}
+        return {
+            pool: replace(
+                judge(await read_timeline(client, Keys(PREFIX), pool)),
+                write_failures=failures[pool],
+            )
+            for pool in POOLS
+        }
     finally:
         await client.aclose()
 
@@ -478,7 +491,7 @@ async def run(args: argparse.Namespace) -> int:
             accepted, landed = await settle(dsn, nats_proc.url)
             rows, distinct, by_outcome, dead = await asyncio.to_thread(stored, dsn)
             ids = await asyncio.to_thread(request_ids, dsn)
-            ledger = await verdicts(redis_proc.url)
+            ledger = await verdicts(redis_proc.url, sims)
         finally:
             for sim in sims:  # a sim left stopped by an interrupted run
                 with contextlib.suppress(ProcessLookupError):

@@ -293,8 +293,9 @@ async def test_client_leaving_during_the_load_does_not_abort_it(make_stack: Make
     await stack.wait_resident("coder")
     warm = await chat(url, "coder")
     assert warm.headers["x-hotseat-backend"] == "coder"
-    swaps = [e for e in await stack.audit() if e["outcome"] == "swap_started"]
+    swaps = [e for e in await stack.settled_audit() if e["outcome"] == "swap_started"]
     assert [e["to_member"] for e in swaps] == ["judge", "coder"]
+    await stack.assert_invariants()
 
 
 async def _loading(stack: Stack, member: str) -> bool:
@@ -320,6 +321,7 @@ async def test_client_leaving_while_draining_cancels_the_pending_swap(make_stack
     timeline = await stack.ledger()
     assert [e for e in timeline if e.event == "unload_start" and e.member == "judge"] == []
     assert loads(timeline, "coder") == []
+    await stack.assert_invariants()
 
 
 async def test_resident_killed_out_of_band_is_recovered(make_stack: Make) -> None:

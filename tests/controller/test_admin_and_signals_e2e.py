@@ -97,6 +97,7 @@ async def test_the_pool_view_during_a_swap_says_what_is_true(make_stack: Make) -
     row = table.splitlines()[1]
     assert row.split()[:3] == ["gpu0", "-", "loading"], table  # nothing resident mid-swap
     assert "coder (loading " in row, table
+    await stack.assert_invariants()
 
 
 async def _hotseat_status(url: str) -> subprocess.CompletedProcess[str]:
@@ -141,6 +142,7 @@ async def test_status_cli_prints_the_pools(make_stack: Make) -> None:
     )
     assert failed.returncode == 1
     assert "cannot read pools" in failed.stderr
+    await stack.assert_invariants()
 
 
 async def test_slots_count_traffic_that_bypassed_the_router(make_stack: Make) -> None:

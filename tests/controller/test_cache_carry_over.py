@@ -105,6 +105,7 @@ async def test_swapped_back_the_conversation_evaluates_only_its_new_turn(
     assert await metric(controller, total, member="judge", action="restore") == cached
     assert await metric(controller, "hotseat_pool_cache_failures_total") == 0
     assert [p.name for p in (tmp_path / "judge").iterdir()] != []
+    await stack.assert_invariants()
 
 
 async def test_without_carry_over_the_whole_conversation_is_evaluated_again(
@@ -118,6 +119,7 @@ async def test_without_carry_over_the_whole_conversation_is_evaluated_again(
     assert back["timings"]["prompt_n"] == 400 + REPLY_TOKENS + len(SUFFIX.split())
     events = await stack.settled_audit()
     assert all("cache_saved_tokens" not in e for e in swaps_to(events, "coder"))
+    await stack.assert_invariants()
 
 
 async def test_a_failed_save_does_not_fail_the_swap(make_stack: Make, tmp_path: Path) -> None:
@@ -136,6 +138,7 @@ async def test_a_failed_save_does_not_fail_the_swap(make_stack: Make, tmp_path: 
     controller = stack.controllers["c1"].url
     failures = "hotseat_pool_cache_failures_total"
     assert await metric(controller, failures, member="judge", action="save", reason="error") == 1
+    await stack.assert_invariants()
 
 
 async def test_a_member_over_its_disk_budget_keeps_nothing_to_restore(
@@ -150,6 +153,7 @@ async def test_a_member_over_its_disk_budget_keeps_nothing_to_restore(
     dropped = "hotseat_pool_cache_files_dropped_total"
     assert await metric(controller, dropped, member="judge", reason="budget") == 1
     assert not list((tmp_path / "judge").iterdir())
+    await stack.assert_invariants()
 
 
 async def test_nothing_is_restored_once_the_model_file_changed(
@@ -177,3 +181,4 @@ async def test_nothing_is_restored_once_the_model_file_changed(
     controller = stack.controllers["c1"].url
     dropped = "hotseat_pool_cache_files_dropped_total"
     assert await metric(controller, dropped, member="judge", reason="stale") == 1
+    await stack.assert_invariants()

@@ -26,7 +26,7 @@ from hotseat_pool_controller.drivers import DriverError, build_driver, process
 from hotseat_pool_controller.drivers.base import Fenced
 from hotseat_pool_controller.drivers.process import ProcessDriver
 from hotseat_pool_controller.drivers.processgroup import read_pid_file
-from hotseat_sim.timeline import overlaps, read_timeline, residencies
+from hotseat_sim.timeline import read_timeline, residencies
 from tests.support.oracle import judge
 from tests.support.waiting import eventually
 
@@ -160,17 +160,16 @@ async def test_load_returns_once_health_answers_200(tmp_path, make_driver):
 async def test_unload_stops_the_whole_group_and_frees_the_port(tmp_path, make_driver):
     """unload returns with the leader and its worker gone, the port closed, no pid file."""
     port = free_port()
-    config, pool = make_config(tmp_path, {"a": (port, server_argv(port, "--child"))}, grace=30)
+    # An hour's grace: unload can only return within the test because SIGTERM was
+    # honoured (a driver that waited for the grace period would hang the test instead).
+    config, pool = make_config(tmp_path, {"a": (port, server_argv(port, "--child"))}, grace=3600)
     driver = make_driver(config, pool)
     await driver.load("a", epoch=1)
     leader = pid_of(tmp_path, "a")
     group = group_of(leader)
     assert leader in group
     assert len(group) == 2, "the server and its worker"
-    started = time.monotonic()
     await driver.unload("a", epoch=2)
-    # Over before the 30 s grace period could end: SIGTERM was honoured, nothing waited.
-    assert time.monotonic() - started < 30, "the driver waited for the grace period"
     assert all(is_gone(pid) for pid in group)
     assert group_of(leader) == []
     assert not port_open(port)
@@ -574,7 +573,8 @@ async def test_sim_members_swap_through_the_process_driver(
     b_pid = pid_of(tmp_path, "b")
     assert await driver.residency() == {"a": False, "b": True}
     timeline = await read_timeline(redis, Keys(prefix), "gpu0")
-    assert overlaps(timeline) == []
+    verdict = judge(timeline)
+    assert verdict.ok, verdict.summary()
     assert [r.member for r in residencies(timeline)] == ["a", "b"]
     await driver.aclose()
     assert is_gone(b_pid)
@@ -597,7 +597,7 @@ async def test_sim_member_serving_a_stream_is_killed_after_the_grace_period(
     body = {
         "model": "a",
         "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 400,  # 20 s at 20 tokens/s
+        "max_tokens": 72_000,  # an hour at 20 tokens/s: only the kill ends it in the test
         "stream": True,
     }
     async with (
@@ -614,8 +614,8 @@ async def test_sim_member_serving_a_stream_is_killed_after_the_grace_period(
         with pytest.raises(httpx.HTTPError):
             async for _ in chunks:
                 pass
-    # Killed once the 1 s grace was over, not left to finish its 20 s stream.
-    assert 1.0 <= elapsed < 20, elapsed
+    # Killed once the 1 s grace was over (never sooner), not left to finish its stream.
+    assert elapsed >= 1.0, elapsed
     assert is_gone(pid)
     assert not port_open(ports["a"])
 

@@ -129,7 +129,7 @@ async def test_a_router_whose_clock_is_behind_is_held_and_served(
     assert answer.headers["x-hotseat-backend"] == "coder"
     swaps = [
         e
-        for e in await stack.audit()
+        for e in await stack.settled_audit()
         if e["outcome"] in {"swap_started", "swap_cancelled"} and e.get("to_member") == "coder"
     ]
     assert [e["outcome"] for e in swaps] == ["swap_started"], swaps
@@ -219,6 +219,7 @@ async def test_a_cancel_touches_only_the_member_it_names(
         assert await live_leases(stack, "judge") == 0
     finally:
         await nc.close()
+    await stack.assert_invariants()
 
 
 # --- 6: a load that started finishes ---------------------------------------------------
@@ -357,8 +358,9 @@ async def test_a_request_is_never_skipped_because_of_its_own_lease(
             )
             outcomes.append((response.status_code, response.headers.get("x-hotseat-backend")))
     assert outcomes == [(200, "coder")] * 12, outcomes
-    skips = [e for e in await stack.audit() if e["outcome"] == "busy_skip"]
+    skips = [e for e in await stack.settled_audit() if e["outcome"] == "busy_skip"]
     # judge may be skipped when the previous request's coder lease is still being released
     # (that is IfIdle doing its job); coder must never be skipped for the request's own.
     own = [(e["request_id"], e["member"]) for e in skips if e["member"] == "coder"]
     assert own == [], own
+    await stack.assert_invariants()

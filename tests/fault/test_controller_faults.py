@@ -159,6 +159,9 @@ async def test_no_controller_fails_pooled_requests_at_once(make_stack: MakeFault
         assert response.json()["error"]["code"] == "controller_unavailable", response.text
     async with httpx.AsyncClient(timeout=10) as client:
         assert (await client.get(f"{router.url}/readyz")).status_code == 200
+    # Nothing reached the GPU: no load, no request (the verdict refuses an empty ledger as
+    # no evidence; here an empty ledger is the claim).
+    assert await stack.ledger() == []
 
 
 async def _request_leases(stack: FaultStack, request_id: str) -> tuple[str | None, int]:

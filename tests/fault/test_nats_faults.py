@@ -99,6 +99,7 @@ async def test_nats_restart_is_survived_without_losing_acked_audit_events(
         requests = Counter(row[1] for row in stored.values() if row[2] == "request")
         missing = [rid for rid in answered if requests[rid] != 1]
         assert missing == [], f"answered requests without exactly one event: {missing[:10]}"
+        await stack.assert_invariants()
     finally:
         nats.stop()
         drop_schema(postgres_dsn, prefix)

@@ -202,3 +202,4 @@ async def test_stalled_router_ends_an_unleased_stream_with_an_error_event(
     await stack.wait_audit(
         lambda e: e.get("request_id") == "stall-1" and e.get("reason") == "lease_lost"
     )
+    await stack.assert_invariants()

@@ -3,9 +3,13 @@ other tests use to assert "never two residents"."""
 
 from __future__ import annotations
 
-import pytest
+from dataclasses import replace
+from pathlib import Path
 
-from hotseat.launcher import free_port
+import pytest
+import redis.asyncio as aioredis
+
+from hotseat.launcher import free_port, start_redis
 from hotseat_common.keys import Keys
 from hotseat_sim.timeline import (
     LedgerEntry,
@@ -23,7 +27,8 @@ from hotseat_sim.timeline import (
 )
 from tests.sim.conftest import StartSim
 from tests.support.oracle import judge
-from tests.support.sim import sim_pool_config, wait_for_timeline
+from tests.support.sim import run_sim, sim_pool_config, wait_for_timeline
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -303,3 +308,39 @@ async def test_sim_records_a_request_cut_by_an_unload(
     verdict = judge(timeline)
     assert verdict.summary()["cut"] == 1
     assert verdict.summary()["unloaded_while_serving"] == 1
+
+
+async def test_a_failed_ledger_write_is_counted_and_fails_the_verdict(
+    config, prefix: str, tmp_path: Path
+) -> None:
+    """The ledger's Redis dies under a serving sim: the request is still answered, but the
+    entries it should have written are lost; the sim counts each failed write (an error
+    log too) and the verdict that includes those counts fails, where the ledger alone
+    (its last entries simply missing, no gap after them) would have looked whole."""
+    store = start_redis(tmp_path / "ledger-redis")
+    try:
+        async with run_sim(config, "small", redis_url=store.url, key_prefix=prefix) as small:
+            await small.load(epoch=1)
+            await small.wait_for_state("ready")
+            client: aioredis.Redis = aioredis.from_url(store.url, decode_responses=True)
+            try:
+                timeline = await read_timeline(client, Keys(prefix), "gpu0")
+            finally:
+                await client.aclose()
+            assert judge(timeline).ok, judge(timeline)
+            store.kill()
+            async with small.openai() as openai:
+                await openai.chat.completions.create(
+                    model="small", messages=[{"role": "user", "content": "x"}], max_tokens=2
+                )
+
+            async def failures() -> int:
+                return int((await small.state())["ledger_write_failures"])
+
+            counted = await eventually(failures)
+            assert lost_writes(timeline) == []  # no gap: the lost entries were the last ones
+            verdict = replace(judge(timeline), write_failures=counted)
+            assert not verdict.ok
+            assert verdict.summary()["write_failures"] == counted >= 1
+    finally:
+        store.stop()

@@ -18,8 +18,10 @@ One verdict for any fault test or soak run::
   by an unload, a crash or a restart of its member (``cut``). The one excuse is explicit and
   counted apart (``excused``): a request the test names, because its router died or froze
   past its lease, so that the lease expired and the member was rightly free to go;
-- the ledger is whole: no entry a sim failed to write (``lost_writes``), and not empty (a
-  verdict over nothing proves nothing: ``empty``).
+- the ledger is whole: no entry a sim failed to write (``lost_writes``: a gap in a sim's
+  sequence; ``write_failures``: the failures a live sim counted, which also catches a
+  failed last write that no later entry shows as a gap), and not empty (a verdict over
+  nothing proves nothing: ``empty``).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class Verdict:
     lost_writes: tuple[tuple[str, int], ...] = ()
     over_capacity: tuple[LedgerEntry, ...] = ()
     """Loads after which the members holding memory exceeded a capacity pool's capacity."""
+    write_failures: int = 0
+    """Ledger writes the live sims of this GPU counted as failed (``/control/state``)."""
 
     @property
     def empty(self) -> bool:
@@ -77,6 +81,7 @@ class Verdict:
             + len(self.cut)
             + len(self.lost_writes)
             + len(self.over_capacity)
+            + self.write_failures
             + int(self.empty)
         )
 
@@ -97,6 +102,7 @@ class Verdict:
             "excused": len(self.excused),
             "lost_writes": len(self.lost_writes),
             "over_capacity": len(self.over_capacity),
+            "write_failures": self.write_failures,
         }
 
 

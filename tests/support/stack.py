@@ -4,7 +4,7 @@ subprocesses on free ports, sharing the session's NATS and Redis under a unique 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -248,8 +248,26 @@ class Stack:
         )
 
     async def verdict(self, gpu: str = "gpu0", *, excused: Collection[str] = ()) -> Verdict:
-        """The oracle's judgement of ``gpu``'s ledger (:mod:`tests.support.oracle`)."""
-        return await judge_gpu(self.redis_url, self.prefix, gpu, excused=excused)
+        """The oracle's judgement of ``gpu``'s ledger (:mod:`tests.support.oracle`), with
+        the ledger writes its live sims counted as failed."""
+        verdict = await judge_gpu(self.redis_url, self.prefix, gpu, excused=excused)
+        return replace(verdict, write_failures=await self.ledger_write_failures(gpu))
+
+    async def ledger_write_failures(self, gpu: str = "gpu0") -> int:
+        """Ledger writes the live sims of ``gpu``'s members failed (a failed last write
+        leaves no gap in the sequence for the verdict to see; the sim counts it)."""
+        members = {
+            backend["name"]
+            for backend in self.config["backends"]
+            if backend.get("pool", {}).get("name") == gpu
+        }
+        failures = 0
+        async with httpx.AsyncClient(timeout=5) as client:
+            for name, sim in self.sims.items():
+                if name in members and sim.alive():
+                    state = (await client.get(f"{sim.url}/control/state")).json()
+                    failures += int(state["ledger_write_failures"])
+        return failures
 
     async def assert_invariants(
         self, gpu: str = "gpu0", *, excused: Collection[str] = ()
