@@ -360,13 +360,12 @@ async def test_failed_load_call_is_a_driver_error_with_the_answer(serve, drivers
 
 async def test_load_not_ready_within_the_request_timeout_fails(serve, drivers):
     """A member that never wakes fails the load after requestTimeout, naming what it saw."""
-    vllm = FakeVllm(sleeping=True, wake_delay=60)
+    # A wake of an hour: only the request timeout can end the load within the test.
+    vllm = FakeVllm(sleeping=True, wake_delay=3600)
     base = await serve(vllm)
     driver = make_driver(drivers, {"coder": (base, vllm_block(base))}, request_timeout=0.5)
-    started = time.monotonic()
     with pytest.raises(DriverError, match=r"not ready within 0.5s .*is_sleeping=not False"):
         await driver.load("coder", epoch=1)
-    assert time.monotonic() - started < 60  # the request timeout ended it, not the wake
 
 
 async def test_a_server_that_is_down_counts_as_unloaded(drivers):

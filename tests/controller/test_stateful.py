@@ -358,7 +358,9 @@ class ControllerMachine(RuleBasedStateMachine):
                 gates = {id(c.done) for c in self.driver.pending}
                 if all(s.task.done() or _held_at(s.task, gates) for s in self.swaps):
                     return
-                await asyncio.sleep(0.0005)
+                await asyncio.sleep(
+                    0.0005
+                )  # a loop turn for the runners: no event says 'at a gate'
             raise AssertionError(f"swaps neither ended nor reached a driver: {self.swaps}")
 
         self.run(parked())

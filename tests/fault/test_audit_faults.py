@@ -244,7 +244,7 @@ async def test_database_down_backlog_waits_and_drains(  # noqa: PLR0917 - fixtur
         down_at = time.monotonic()
         acks = await publish_events(js, subjects, events[100:])
         # The outage itself: the database stays unreachable this long (see DB_OUTAGE_S).
-        await asyncio.sleep(max(0.0, DB_OUTAGE_S - (time.monotonic() - down_at)))
+        await asyncio.sleep(max(0.0, DB_OUTAGE_S - (time.monotonic() - down_at)))  # outage
         assert await db.counts() == (100, 100)
         info = await js.consumer_info(stream_name(prefix), AUDIT_DURABLE)
         assert (info.ack_floor.stream_seq or 0) < acks[-1].seq

@@ -182,9 +182,9 @@ async def test_per_attempt_timeout_rule_over_backend(upstream, start_router, cli
     a.mode = "hang"
     router = await start_router(
         {
-            "router": {"timeout": "30s"},
+            "router": {"timeout": "1h"},
             "backends": [
-                {"name": "a", "address": a.url, "timeout": "60s"},
+                {"name": "a", "address": a.url, "timeout": "1h"},
                 {"name": "b", "address": b.url},
             ],
             # The rule's timeout applies to b's attempt too: long enough for any machine.
@@ -194,9 +194,10 @@ async def test_per_attempt_timeout_rule_over_backend(upstream, start_router, cli
     started = time.monotonic()
     response = await client.post(router.url + CHAT, json=BODY)
     elapsed = time.monotonic() - started
+    # b served: a's attempt ended, and only the rule's timer could end it within the test
+    # (a's own and the router's are an hour); never sooner than the rule's 2 s.
     assert response.headers["x-hotseat-backend"] == "b"
-    # The rule's 2 s ran out on a (never sooner), not a's own 60 s.
-    assert 2 <= elapsed < 60, elapsed
+    assert elapsed >= 2, elapsed
     await asyncio.wait_for(a.disconnected.wait(), 5)
 
 
@@ -206,7 +207,7 @@ async def test_per_attempt_timeout_backend_over_router(upstream, start_router, c
     a.mode = "hang"
     router = await start_router(
         {
-            "router": {"timeout": "30s"},
+            "router": {"timeout": "1h"},
             "backends": [
                 {"name": "a", "address": a.url, "timeout": "300ms"},
                 {"name": "b", "address": b.url},
@@ -216,9 +217,10 @@ async def test_per_attempt_timeout_backend_over_router(upstream, start_router, c
     )
     started = time.monotonic()
     response = await client.post(router.url + CHAT, json=BODY)
+    # b served: only the backend's 300 ms could end a's attempt within the test (the
+    # router's is an hour); never sooner than those 300 ms.
     assert response.headers["x-hotseat-backend"] == "b"
-    # The backend's 300 ms ran out on a, not the router's 30 s.
-    assert 0.3 <= time.monotonic() - started < 30
+    assert time.monotonic() - started >= 0.3
 
 
 async def test_overall_deadline_spans_the_walk(upstream, start_router, client, audit):
