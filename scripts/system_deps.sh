@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs beyond Python: libfaketime (routers run under a
-# shifted wall clock). Installs only what is missing; without root it says what to
-# install and goes on (the tests that need a package skip, or fail under CI=true).
+# shifted wall clock) and chromium (the web console's browser tests drive it headless
+# through Playwright; no browser is downloaded). Installs only what is missing; without
+# root it says what to install and goes on (the tests that need a package skip, or fail
+# under CI=true).
 set -euo pipefail
-packages=(faketime)
+packages=(faketime chromium)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -149,6 +149,9 @@ def plan_services(
         extra: tuple[str, ...] = ()
         if name == "audit":
             extra = ("--dsn", f"sqlite:///{(workdir / 'audit.db').resolve()}")
+        audit = next((p for p in plans if p.name == "audit"), None)
+        if name == "controller" and audit is not None:
+            extra = ("--audit-url", audit.url)  # the web console's timeline reads it
         plans.append(ServicePlan(name, entry_point, port, extra, uses_redis=name == "controller"))
     return plans, notes
 

@@ -1,15 +1,26 @@
-"""``hotseat status``: the pools as the controller sees them, as a table."""
+"""``hotseat status``: the pools as the controller sees them, as a table or as JSON, once
+or (``--watch``) on every change, from the controller's ``/v1/pool-updates`` stream."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
 
 import httpx
 
 from hotseat.stack_plan import CONTROLLER_PORT
 from hotseat.up_state import default_url
-from hotseat_common.messages import PoolList, PoolView
+from hotseat_common.messages import (
+    POOL_UPDATES_ERROR_EVENT,
+    POOL_UPDATES_EVENT,
+    POOL_UPDATES_PATH,
+    PoolList,
+    PoolView,
+)
 
 DEFAULT_CONTROLLER_URL = f"http://127.0.0.1:{CONTROLLER_PORT}"
 
@@ -52,15 +63,74 @@ def format_pools(pools: list[PoolView]) -> str:
     )
 
 
+RECONNECT_S = 2.0
+CLEAR = "\x1b[H\x1b[2J"
+
+
+def server_sent_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
+    """``(event, data)`` of each event of a ``text/event-stream`` (comments and ``retry``
+    skipped; an event without a name is ``message``)."""
+    event: str = "message"
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", []
+        elif line.startswith(":"):
+            continue
+        else:
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "event":
+                event = value
+            elif name == "data":
+                data.append(value)
+
+
+def _show(pools: PoolList, args: argparse.Namespace, url: str) -> None:
+    if args.json:
+        print(pools.model_dump_json(indent=None if args.watch else 2), flush=True)
+        return
+    if args.watch and sys.stdout.isatty():
+        print(CLEAR, end="")
+    if args.watch:
+        print(f"{url}  {datetime.now().astimezone():%H:%M:%S}  (Ctrl-C to stop)")
+    print(format_pools(pools.pools), flush=True)
+
+
+def _watch(args: argparse.Namespace, url: str) -> int:
+    """Follow the stream; reconnect after a break (saying so on stderr) until Ctrl-C."""
+    timeout = httpx.Timeout(10, read=None)
+    while True:
+        try:
+            with httpx.stream("GET", f"{url}{POOL_UPDATES_PATH}", timeout=timeout) as response:
+                response.raise_for_status()
+                for event, data in server_sent_events(response.iter_lines()):
+                    if event == POOL_UPDATES_EVENT:
+                        _show(PoolList.model_validate_json(data), args, url)
+                    elif event == POOL_UPDATES_ERROR_EVENT:
+                        error = json.loads(data).get("error")
+                        print(f"the controller cannot read its pools: {error}", file=sys.stderr)
+        except httpx.HTTPError as exc:
+            print(f"cannot watch pools at {url}: {exc}; retrying", file=sys.stderr)
+        time.sleep(RECONNECT_S)  # the controller went away: try again shortly
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     url = args.url.rstrip("/")
+    if args.watch:
+        try:
+            return _watch(args, url)
+        except KeyboardInterrupt:
+            return 0
     try:
         response = httpx.get(f"{url}/v1/pools", timeout=5)
         response.raise_for_status()
     except httpx.HTTPError as exc:
         print(f"cannot read pools from {url}: {exc}", file=sys.stderr)
         return 1
-    print(format_pools(PoolList.model_validate_json(response.content).pools))
+    _show(PoolList.model_validate_json(response.content), args, url)
     return 0
 
 
@@ -73,5 +143,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "the controller's admin URL (env HOTSEAT_CONTROLLER_URL, else the running "
             f"`hotseat up`'s, else {DEFAULT_CONTROLLER_URL})"
         ),
+    )
+    status.add_argument(
+        "--watch", action="store_true", help="print again on every change, until Ctrl-C"
+    )
+    status.add_argument(
+        "--json",
+        action="store_true",
+        help="print the controller's JSON (GET /v1/pools) instead of a table; with --watch,"
+        " one line per change",
     )
     status.set_defaults(func=cmd_status)

@@ -272,4 +272,12 @@ async def test_summary_counts_match_the_window(populated: Populated) -> None:
                 e.outcome for e in window if (e.pool, e.member) == (entry["pool"], entry["member"])
             )
         )
+    requests = [e for e in window if e.kind == "request"]
+    assert {r["rule"]: r["total"] for r in body["by_rule"]} == dict(
+        Counter(e.rule for e in requests)
+    )
+    for entry in body["by_rule"]:
+        assert entry["by_outcome"] == dict(
+            Counter(e.outcome for e in requests if e.rule == entry["rule"])
+        )
     assert default["total"] == 0, "the default window is the last 24 hours; the data is older"

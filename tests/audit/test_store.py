@@ -108,6 +108,8 @@ async def test_summary_counts_by_outcome_and_member(store: AuditStore) -> None:
     assert summary.by_kind == {"request": 3, "pool": 1}
     assert summary.by_pool[("gpu0", "assistant")].total == 3
     assert summary.by_pool[("gpu0", "coder")].by_outcome == {"swap_started": 1}
+    assert list(summary.by_rule) == ["default"], "pool events count under no rule"
+    assert summary.by_rule["default"].by_outcome == {"served": 3}
 
 
 async def test_retention_deletes_only_old_rows_in_batches(

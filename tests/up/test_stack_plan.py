@@ -70,6 +70,7 @@ def test_services_skip_what_is_not_installed(tmp_path: Path) -> None:
     audit, controller = plans
     assert audit.extra_args == ("--dsn", f"sqlite:///{tmp_path.resolve() / 'audit.db'}")
     assert controller.uses_redis
+    assert controller.extra_args == ("--audit-url", audit.url), "the console's timeline"
     plans, _ = plan_services(
         8181, tmp_path, available=lambda _: True, binary=lambda _: True, taken=lambda _: False
     )

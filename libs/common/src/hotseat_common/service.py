@@ -4,6 +4,7 @@ an ASGI app under uvicorn with a graceful SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,31 @@ def ops_router(readiness: Readiness, registry: CollectorRegistry) -> APIRouter:
     return router
 
 
+SHUTDOWN_HOOKS = "shutdown_begins"
+
+
+def when_shutdown_begins(app: FastAPI, callback: Callable[[], None]) -> None:
+    """``callback`` runs when the server begins its graceful shutdown, before it waits for
+    the open responses to end: a response that never ends by itself (a server-sent events
+    stream) ends there, or it would hold the shutdown for its whole grace period."""
+    hooks: list[Callable[[], None]] | None = getattr(app.state, SHUTDOWN_HOOKS, None)
+    if hooks is None:
+        hooks = []
+        setattr(app.state, SHUTDOWN_HOOKS, hooks)
+    hooks.append(callback)
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, hooks: list[Callable[[], None]]) -> None:
+        super().__init__(config)
+        self._hooks = hooks
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for hook in self._hooks:
+            hook()
+        await super().shutdown(sockets)
+
+
 def run_app(
     app: FastAPI | str,
     settings: ServiceSettings,
@@ -93,4 +119,5 @@ def run_app(
     if workers > 1:
         uvicorn.run(app, workers=workers, **options)
     else:
-        uvicorn.Server(uvicorn.Config(app, **options)).run()
+        hooks = [] if isinstance(app, str) else getattr(app.state, SHUTDOWN_HOOKS, [])
+        _Server(uvicorn.Config(app, **options), hooks).run()

@@ -153,6 +153,13 @@ class PoolMemberSummary(BaseModel):
     by_outcome: dict[str, int]
 
 
+class RuleSummary(BaseModel):
+    rule: str | None
+    """``null``: requests that no rule matched."""
+    total: int
+    by_outcome: dict[str, int]
+
+
 class SummaryBody(BaseModel):
     since: datetime
     until: datetime
@@ -160,6 +167,8 @@ class SummaryBody(BaseModel):
     by_outcome: dict[str, int]
     by_kind: dict[str, int]
     by_pool: list[PoolMemberSummary]
+    by_rule: list[RuleSummary] = []
+    """Request events by rule, busiest first."""
 
     @classmethod
     def of(cls, summary: Summary) -> SummaryBody:
@@ -178,6 +187,10 @@ class SummaryBody(BaseModel):
                     by_outcome=dict(p.by_outcome.most_common()),
                 )
                 for p in pools
+            ],
+            by_rule=[
+                RuleSummary(rule=r.rule, total=r.total, by_outcome=dict(r.by_outcome.most_common()))
+                for r in sorted(summary.by_rule.values(), key=lambda r: (-r.total, r.rule or ""))
             ],
         )
 

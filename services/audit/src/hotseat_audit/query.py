@@ -184,6 +184,13 @@ class PoolMemberCount:
 
 
 @dataclass(slots=True)
+class RuleCount:
+    rule: str | None
+    total: int = 0
+    by_outcome: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(slots=True)
 class Summary:
     """Counts of stored events in a window, by outcome and by pool/member."""
 
@@ -193,16 +200,27 @@ class Summary:
     by_outcome: Counter[str] = field(default_factory=Counter)
     by_kind: Counter[str] = field(default_factory=Counter)
     by_pool: dict[tuple[str, str | None], PoolMemberCount] = field(default_factory=dict)
+    by_rule: dict[str | None, RuleCount] = field(default_factory=dict)
+    """Request events only (``None``: no rule matched)."""
 
     @classmethod
     def of_rows(cls, since: datetime, until: datetime, rows: Iterable[Sequence[Any]]) -> Summary:
-        """From ``(kind, outcome, pool, member, count)`` rows (the stores' GROUP BY)."""
+        """From ``(kind, outcome, pool, member, rule, count)`` rows (the stores' GROUP BY)."""
         summary = cls(since=since, until=until)
-        for kind, outcome, pool, member, count in rows:
-            summary.add(kind, outcome, pool, member, int(count))
+        for kind, outcome, pool, member, rule, count in rows:
+            summary.add(kind, outcome, pool, member, int(count), rule=rule)
         return summary
 
-    def add(self, kind: str, outcome: str, pool: str | None, member: str | None, n: int) -> None:
+    def add(
+        self,
+        kind: str,
+        outcome: str,
+        pool: str | None,
+        member: str | None,
+        n: int,
+        *,
+        rule: str | None = None,
+    ) -> None:
         self.total += n
         self.by_outcome[outcome] += n
         self.by_kind[kind] += n
@@ -212,3 +230,9 @@ class Summary:
                 entry = self.by_pool[(pool, member)] = PoolMemberCount(pool, member)
             entry.total += n
             entry.by_outcome[outcome] += n
+        if kind == "request":
+            per_rule = self.by_rule.get(rule)
+            if per_rule is None:
+                per_rule = self.by_rule[rule] = RuleCount(rule)
+            per_rule.total += n
+            per_rule.by_outcome[outcome] += n

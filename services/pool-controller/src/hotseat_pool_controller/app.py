@@ -20,6 +20,7 @@ from hotseat_common.metrics import PoolMetrics
 from hotseat_common.service import Readiness, ops_router
 from hotseat_common.subjects import Subjects
 from hotseat_pool_controller.admin import admin_router
+from hotseat_pool_controller.console import Console
 from hotseat_pool_controller.drivers import build_driver
 from hotseat_pool_controller.handlers import ActivationHandlers
 from hotseat_pool_controller.model import PoolPolicy
@@ -40,6 +41,9 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
     pools: dict[str, PoolRuntime] = {}
     answers: dict[str, PoolAnswers] = {}
     controller = settings.instance_name()
+    console = Console(
+        answers, interval=settings.pool_updates_interval, audit_url=settings.audit_url
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -79,6 +83,7 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
                 for p in pools.values()
             ]
             loops.append(asyncio.create_task(health.run(), name="store-health"))
+            loops.append(await console.start(nc, subjects, stack))
             for task in loops:
                 task.add_done_callback(_die_loudly)
             readiness.add("nats", lambda: nc.is_connected)
@@ -88,6 +93,7 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
                 yield
             finally:
                 readiness.shutting_down = True
+                console.feed.close()
                 await handlers.stop(settings.shutdown_grace)
                 for task in loops:
                     task.cancel()
@@ -108,10 +114,24 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
                 )
 
     app = FastAPI(title="Hotseat pool controller", lifespan=lifespan, docs_url=None, redoc_url=None)
+    _routes(app, settings, readiness, registry, answers=answers, console=console)
+    return app
+
+
+def _routes(
+    app: FastAPI,
+    settings: ControllerSettings,
+    readiness: Readiness,
+    registry: CollectorRegistry,
+    *,
+    answers: dict[str, PoolAnswers],
+    console: Console,
+) -> None:
     serve_api_docs(app)
     app.include_router(ops_router(readiness, registry))
     app.include_router(admin_router(answers, settings.admin_token))
-    return app
+    token = settings.admin_token
+    console.mount(app, admin=token is not None and bool(token.get_secret_value().strip()))
 
 
 def _runtimes(

@@ -36,5 +36,16 @@ class ControllerSettings(ServiceSettings, RedisSettings):
         default=256, ge=1, description="NATS requests handled at once by this replica"
     )
 
+    audit_url: str | None = Field(
+        default=None,
+        description="The audit service's URL: the web console's timeline and outcomes read it",
+    )
+    pool_updates_interval: float = Field(
+        default=1.0,
+        gt=0,
+        description="Seconds between reads of the pools while someone watches them (/ui,"
+        " /v1/pool-updates); an announced change is read at once",
+    )
+
     def instance_name(self) -> str:
         return self.instance or f"controller-{socket.gethostname()}-{os.getpid()}"

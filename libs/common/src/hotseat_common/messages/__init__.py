@@ -26,10 +26,19 @@ from hotseat_common.messages.audit import (
     request_event,
 )
 from hotseat_common.messages.base import WireModel
-from hotseat_common.messages.pools import PoolList, PoolView
+from hotseat_common.messages.pools import (
+    POOL_UPDATES_ERROR_EVENT,
+    POOL_UPDATES_EVENT,
+    POOL_UPDATES_PATH,
+    PoolList,
+    PoolView,
+)
 
 __all__ = [
     "ACQUIRE_REPLY",
+    "POOL_UPDATES_ERROR_EVENT",
+    "POOL_UPDATES_EVENT",
+    "POOL_UPDATES_PATH",
     "Ack",
     "AcquireReply",
     "AcquireRequest",

@@ -44,3 +44,13 @@ class PoolList(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     pools: list[PoolView]
+
+
+POOL_UPDATES_PATH = "/v1/pool-updates"
+"""The controller's server-sent events stream of :class:`PoolList` (the web console and
+``hotseat status --watch`` read it): one event at once, then one on every change."""
+POOL_UPDATES_EVENT = "pools"
+"""The SSE ``event:`` name of a :class:`PoolList` on that stream."""
+POOL_UPDATES_ERROR_EVENT = "unavailable"
+"""The SSE ``event:`` name sent when the controller cannot read its pools (its store is
+down); its data is ``{"error": "..."}``. The next readable state follows as ``pools``."""

@@ -232,4 +232,4 @@ def select_events_sql(where: str, placeholder: str) -> str:
     )
 
 
-SUMMARY_GROUPS = "kind, outcome, pool, member"
+SUMMARY_GROUPS = "kind, outcome, pool, member, rule"

@@ -1,0 +1,108 @@
+"""The web console at ``/ui`` in headless Chromium against a live stack: the resident,
+then a swap in progress with its waiters, then the timeline bar of that swap with its
+cause and waiters (a screenshot of each state under the test's temp dir); admin actions
+ask for the token and a wrong one gets the admin API's 401. Every request the page makes
+outside the stack is refused and must not happen."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+from playwright.async_api import Browser
+
+from tests.console.conftest import open_console
+from tests.support.stack import Stack
+
+POOL = '[data-pool="gpu0"]'
+SWAP_RUNNING_WITH_WAITERS = """() => {
+    const pool = document.querySelector('[data-pool="gpu0"]');
+    const coder = pool && pool.querySelector('tr[data-member="coder"]');
+    return Boolean(pool && ["unloading", "loading"].includes(pool.dataset.phase)
+        && coder && Number(coder.dataset.waiters) > 0);
+}"""
+HORIZONTAL_OVERFLOW = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+
+
+async def test_the_console_shows_the_resident_then_a_swap_with_its_waiters_then_its_bar(
+    console_stack: Stack, browser: Browser, tmp_path: Path
+) -> None:
+    stack = console_stack
+    await stack.wait_resident("judge")
+    console = await open_console(browser, stack.controller_url, tmp_path / "screenshots")
+    page = console.page
+
+    await page.wait_for_selector(f'{POOL}[data-resident="judge"][data-phase="idle"]')
+    assert await page.text_content(f"{POOL} .resident-name") == "judge"
+    await console.shot("1-resident")
+
+    ids = [f"console-waiter-{i}" for i in range(3)]
+    body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    async with httpx.AsyncClient(base_url=stack.routers[0].url, timeout=60) as client:
+        sends = [
+            asyncio.create_task(
+                client.post("/v1/chat/completions", json=body, headers={"x-hotseat-request-id": i})
+            )
+            for i in ids
+        ]
+        await page.wait_for_function(SWAP_RUNNING_WITH_WAITERS, timeout=20_000)
+        assert "coder" in (await page.text_content(f"{POOL} .swap") or "")
+        waiting = await page.get_attribute(f'{POOL} tr[data-member="coder"]', "data-waiters")
+        assert waiting is not None
+        assert 1 <= int(waiting) <= len(ids)
+        assert await page.get_attribute(POOL, "data-resident") == "", "nothing serves"
+        await console.shot("2-swap-in-progress")
+        responses = await asyncio.gather(*sends)
+    assert [r.status_code for r in responses] == [200] * len(ids)
+
+    bar = f'{POOL} .swap-bar[data-to="coder"][data-outcome="swap_completed"]'
+    await page.wait_for_selector(f'{bar}[data-waiters="{len(ids)}"]', timeout=45_000)
+    await page.click(bar)
+    selected = await page.text_content(f"{POOL} .swap-list li.selected") or ""
+    assert "judge \u2192 coder" in selected
+    assert "demand" in selected
+    for request_id in ids:
+        assert request_id in selected, selected
+    await page.wait_for_selector(f'{POOL} [data-track="judge"] .span')
+    await page.wait_for_selector(f'{POOL} [data-track="coder"] .span')
+    await page.wait_for_selector('#outcomes-body tr[data-rule="coder"]')
+    await console.shot("3-timeline-bar")
+    assert console.offline.refused == [], "the page reached outside the stack"
+    assert console.errors == []
+
+
+async def test_admin_actions_ask_for_the_token_and_a_wrong_one_gets_401(
+    console_stack: Stack, browser: Browser, tmp_path: Path
+) -> None:
+    """On a phone-sized screen: nothing overflows sideways; "Swap in" asks for the token,
+    a wrong one is refused by the admin API (401) and nothing moves; the right one starts
+    the swap through the same API."""
+    stack = console_stack
+    await stack.wait_resident("judge")
+    console = await open_console(
+        browser, stack.controller_url, tmp_path / "screenshots", width=390, height=844
+    )
+    page = console.page
+    await page.wait_for_selector(f'{POOL}[data-resident="judge"][data-phase="idle"]')
+    assert await page.evaluate(HORIZONTAL_OVERFLOW) <= 0
+    await console.shot("phone")
+
+    await page.click(f'{POOL} tr[data-member="coder"] button')
+    await page.wait_for_selector("#token-dialog[open]")
+    await page.fill("#token-input", "not-the-token")
+    await page.click("#token-submit")
+    await page.wait_for_selector('#token-error[data-status="401"]')
+    await console.shot("admin-401")
+    state = await stack.pool()
+    assert (state["resident"], state["swapping"]) == ("judge", None)
+
+    await page.fill("#token-input", stack.admin_token)
+    await page.click("#token-submit")
+    await page.wait_for_selector("#token-dialog[open]", state="detached")
+    await page.wait_for_selector(
+        f'{POOL}[data-resident="coder"][data-phase="idle"]', timeout=20_000
+    )
+    await stack.wait_resident("coder")
+    assert console.offline.refused == []
+    assert console.errors == []
