@@ -62,6 +62,7 @@ async def test_the_console_shows_the_resident_then_a_swap_with_its_waiters_then_
     selected = await page.text_content(f"{POOL} .swap-list li.selected") or ""
     assert "judge \u2192 coder" in selected
     assert "demand" in selected
+    assert "caused by request console-waiter-" in selected, selected
     for request_id in ids:
         assert request_id in selected, selected
     await page.wait_for_selector(f'{POOL} [data-track="judge"] .span')

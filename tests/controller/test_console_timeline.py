@@ -91,9 +91,9 @@ def test_swaps_pair_by_epoch_and_residency_follows_them() -> None:
     assert demand.cause.request_id == "early"
 
 
-def test_a_swap_id_decides_which_swap_a_request_waited_for() -> None:
-    """Events that carry a swap id pair by it, and a request with one belongs to that swap
-    whatever its times say."""
+def test_a_swap_id_decides_which_swap_a_request_waited_for_and_names_its_cause() -> None:
+    """Events that carry a swap id pair by it; a request with one belongs to that swap
+    whatever its times say; the cause is the request ``swap_started`` names."""
     events = [
         pool_event(
             "swap_started",
@@ -103,19 +103,32 @@ def test_a_swap_id_decides_which_swap_a_request_waited_for() -> None:
             from_member="judge",
             to_member="coder",
             reason="demand",
+            request_id="second",
         ),
         pool_event(
-            "swap_failed", 15, epoch=5, swap_id="s-1", to_member="coder", reason="load failed"
+            "swap_failed",
+            15,
+            epoch=5,
+            swap_id="s-1",
+            to_member="coder",
+            reason="load failed",
+            unload_ms=1000.0,
+            load_ms=4000.0,
         ),
     ]
     requests = [
-        request("timed-out", 9, 15.5, "coder", outcome="pool_activation_timeout", swap_id="s-1"),
+        request("first", 8, 15.5, "coder", outcome="pool_activation_timeout", swap_id="s-1"),
+        request("second", 9, 15.5, "coder", outcome="pool_activation_timeout", swap_id="s-1"),
         request("other", 9, 15.5, "coder", swap_id="s-2"),
     ]
     timeline = build_timeline(view(None), events, requests, since=SINCE, until=UNTIL)
     (swap,) = timeline.swaps
     assert (swap.swap_id, swap.outcome) == ("s-1", "swap_failed")
-    assert [w.request_id for w in swap.waiters] == ["timed-out"]
+    assert (swap.unload_ms, swap.load_ms) == (1000.0, 4000.0)
+    assert [w.request_id for w in swap.waiters] == ["first", "second"]
+    assert swap.cause_request_id == "second"
+    assert swap.cause is not None
+    assert swap.cause.request_id == "second", "the named cause, not the earliest waiter"
     assert [(s.member, s.before_window) for s in timeline.residency] == [("judge", True)]
     assert timeline.residency[0].end == T0 + timedelta(seconds=10)
 

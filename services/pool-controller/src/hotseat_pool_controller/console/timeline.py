@@ -5,7 +5,8 @@ A pure function of the events (as ``GET /v1/events`` returns them) and the pool'
 now, so that what the console draws is decided here, in one place a test can read. The
 swaps pair by their ``swap_id`` when the events carry one, else by ``epoch`` (a
 ``swap_started`` is followed by exactly one terminal event with its epoch). A request
-belongs to a swap by its ``swap_id`` when it has one; without one, a request served by
+belongs to a swap by its ``swap_id`` when it has one, and the swap's cause is the request
+its ``swap_started`` names; for events written before swap ids, a request served by
 the swap's target that began before the swap completed and ended after it must have
 waited for it (the target served nothing before it was resident, and a busy member is
 never unloaded), so it counts as a waiter of that swap.
@@ -62,8 +63,15 @@ class TimelineSwap(BaseModel):
     """``swap_completed``, ``swap_failed``, ``swap_cancelled``, or ``in_flight``."""
     duration_ms: float | None
     """The event's own duration, else from its start to its end (when both are known)."""
+    unload_ms: float | None = None
+    """Its unloading phase, as the controller measured it (on its terminal event)."""
+    load_ms: float | None = None
+    """Its loading phase."""
+    cause_request_id: str | None = None
+    """The request that started it (``swap_started`` names it, for demand)."""
     cause: TimelineRequest | None
-    """The earliest request that waited for it, when it started for demand."""
+    """That request's own event among the waiters; for events without swap ids, the
+    earliest waiter of a demand swap."""
     waiters: list[TimelineRequest]
     """The requests that waited for it, earliest first (at most 25 listed)."""
     waiters_total: int
@@ -118,6 +126,9 @@ class _Swap:
         self.ended: datetime | None = None
         self.outcome = IN_FLIGHT
         self.duration_ms: float | None = None
+        self.unload_ms: float | None = None
+        self.load_ms: float | None = None
+        self.cause_request_id: str | None = None
         self.waiters: list[TimelineRequest] = []
 
     def take(self, event: Mapping[str, Any]) -> None:
@@ -128,7 +139,9 @@ class _Swap:
     def model(self) -> TimelineSwap:
         waiters = sorted(self.waiters, key=lambda r: r.started)
         cause = None
-        if waiters and self.reason in {"demand", "swap_back"}:
+        if self.cause_request_id is not None:
+            cause = next((w for w in waiters if w.request_id == self.cause_request_id), None)
+        elif self.swap_id is None and waiters and self.reason in {"demand", "swap_back"}:
             cause = waiters[0]
         return TimelineSwap(
             swap_id=self.swap_id,
@@ -140,6 +153,9 @@ class _Swap:
             ended=self.ended,
             outcome=self.outcome,
             duration_ms=self.duration_ms,
+            unload_ms=self.unload_ms,
+            load_ms=self.load_ms,
+            cause_request_id=self.cause_request_id,
             cause=cause,
             waiters=waiters[:MAX_LISTED_WAITERS],
             waiters_total=len(waiters),
@@ -199,6 +215,7 @@ def _pair_swaps(
             swap = _Swap(at)
             swap.take(event)
             swap.reason = event.get("reason")
+            swap.cause_request_id = event.get("request_id")
             swaps.append(swap)
             if key is not None:
                 open_swaps[key] = swap
@@ -219,6 +236,7 @@ def _pair_swaps(
         if duration is None and found.started > since:  # its start is known: measure it
             duration = round((at - found.started).total_seconds() * 1000, 3)
         found.duration_ms = duration
+        found.unload_ms, found.load_ms = event.get("unload_ms"), event.get("load_ms")
         if outcome == PoolOutcome.SWAP_COMPLETED.value:
             residency.enter(event.get("to_member") or found.to_member, at)
     return swaps

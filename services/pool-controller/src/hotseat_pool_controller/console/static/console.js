@@ -76,7 +76,7 @@ function swapBlock(view) {
     : view.loading
       ? `loading ${view.loading}`
       : `to ${view.swapping}, once ${view.resident || "the resident"} drains`;
-  const children = [el("div", { class: "swap-step", text: `Swap ${step}` })];
+  const children = [el("div", { class: "swap-step", text: `Swap ${step}`, title: view.swap_id ? `swap ${view.swap_id}` : null })];
   if (view.swap_elapsed_s !== null && view.swap_elapsed_s !== undefined) {
     const expected = view.swap_expected_s;
     const ratio = expected ? Math.min(1, view.swap_elapsed_s / expected) : 0;
@@ -236,9 +236,18 @@ function describeSwap(swap) {
 }
 
 function swapDetails(swap) {
-  const cause = swap.cause
-    ? `caused by request ${swap.cause.request_id || "?"} (rule ${swap.cause.rule || "-"}, arrived ${clock(swap.cause.started)})`
-    : `cause: ${swap.reason || "unknown"}`;
+  const phases = [
+    swap.unload_ms !== null && swap.unload_ms !== undefined ? `unload ${(swap.unload_ms / 1000).toFixed(1)} s` : null,
+    swap.load_ms !== null && swap.load_ms !== undefined ? `load ${(swap.load_ms / 1000).toFixed(1)} s` : null,
+  ].filter(Boolean);
+  let cause = `cause: ${swap.reason || "unknown"}`;
+  if (swap.cause) {
+    cause = `caused by request ${swap.cause.request_id || "?"} (rule ${swap.cause.rule || "-"}, arrived ${clock(swap.cause.started)})`;
+  } else if (swap.cause_request_id) {
+    cause = `caused by request ${swap.cause_request_id}`;
+  }
+  if (phases.length) cause += ` \u00b7 ${phases.join(", ")}`;
+  if (swap.swap_id) cause += ` \u00b7 swap ${swap.swap_id}`;
   return el(
     "details",
     {},
