@@ -392,6 +392,9 @@ def _announce(stack: Stack, target: str, note: str | None, logs: Path, state: Pa
     stack.say("")
     for name, url in lines:
         stack.say(f"{name.ljust(width)} {url}")
+    controller = dict(lines).get("controller")
+    if controller is not None:
+        stack.say(f"{'console'.ljust(width)} {controller}/ui")  # docs/console.md
     stack.say("")
     stack.say(target)
     if note:

@@ -19,9 +19,16 @@ POOL = '[data-pool="gpu0"]'
 SWAP_RUNNING_WITH_WAITERS = """() => {
     const pool = document.querySelector('[data-pool="gpu0"]');
     const coder = pool && pool.querySelector('tr[data-member="coder"]');
-    return Boolean(pool && ["unloading", "loading"].includes(pool.dataset.phase)
-        && coder && Number(coder.dataset.waiters) > 0);
+    const running = pool && ["unloading", "loading"].includes(pool.dataset.phase)
+        && coder && Number(coder.dataset.waiters) > 0;
+    return running ? {
+        resident: pool.dataset.resident,
+        waiters: Number(coder.dataset.waiters),
+        queue: coder.dataset.queue,
+        swap: pool.querySelector(".swap").textContent,
+    } : null;
 }"""
+"""The pool card as one consistent read, once it shows a swap with waiters for coder."""
 HORIZONTAL_OVERFLOW = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
 
 
@@ -46,12 +53,12 @@ async def test_the_console_shows_the_resident_then_a_swap_with_its_waiters_then_
             )
             for i in ids
         ]
-        await page.wait_for_function(SWAP_RUNNING_WITH_WAITERS, timeout=20_000)
-        assert "coder" in (await page.text_content(f"{POOL} .swap") or "")
-        waiting = await page.get_attribute(f'{POOL} tr[data-member="coder"]', "data-waiters")
-        assert waiting is not None
-        assert 1 <= int(waiting) <= len(ids)
-        assert await page.get_attribute(POOL, "data-resident") == "", "nothing serves"
+        running = await page.wait_for_function(SWAP_RUNNING_WITH_WAITERS, timeout=20_000)
+        card = await running.json_value()
+        assert card["resident"] == "", "nothing serves while the swap runs"
+        assert "coder" in card["swap"]
+        assert 1 <= card["waiters"] <= len(ids)
+        assert card["queue"] == "1", "coder is next in line"
         await console.shot("2-swap-in-progress")
         responses = await asyncio.gather(*sends)
     assert [r.status_code for r in responses] == [200] * len(ids)

@@ -377,6 +377,7 @@ def test_the_pool_view_shows_the_closed_resident_and_the_queue_in_order() -> Non
     view = pool_view(FAIR, s)
     assert view.closed
     assert view.queue == ["embed", "coder", "chat"]
+    assert view.queue_waited_s == {"embed": 20.0, "coder": 9.0, "chat": 0.1}
     assert pool_view(FAIR, replace(s, closed=False)).queue == ["embed", "coder"]
 
 

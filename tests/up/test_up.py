@@ -225,6 +225,10 @@ def test_up_uses_only_the_servers_it_is_given_and_tells_the_other_commands(
             assert not parts["controller"].endswith(":8090"), up.output
             pool = httpx.get(f"{parts['controller']}/v1/pools/gpu0", timeout=5).json()
             assert (pool["phase"], pool["resident"]) == ("idle", "a"), up.output
+            assert parts["console"] == f"{parts['controller']}/ui", up.output
+            console = httpx.get(parts["console"], timeout=5)
+            assert console.status_code == 200
+            assert "/ui/assets/console.js" in console.text
             status = _hotseat("status", env=env)
             assert status.returncode == 0, status.stderr
             assert status.stdout.splitlines()[1].split()[:3] == ["gpu0", "a", "idle"]

@@ -21,6 +21,7 @@ def pool_view(policy: PoolPolicy, snap: PoolSnapshot) -> PoolView:
     elapsed = max(0.0, (snap.now_ms - snap.started_ms) / 1000) if in_flight else None
     expected = measured_swap_s(snap)
     remaining = None if elapsed is None or expected is None else max(0.0, expected - elapsed)
+    queue = ranked(snap, excluding=None if snap.closed else snap.resident)
     return PoolView(
         name=policy.name,
         resident=None if in_flight else snap.resident,
@@ -38,5 +39,9 @@ def pool_view(policy: PoolPolicy, snap: PoolSnapshot) -> PoolView:
         unhealthy=snap.unhealthy,
         relearning=snap.relearning,
         closed=snap.closed,
-        queue=ranked(snap, excluding=None if snap.closed else snap.resident),
+        queue=queue,
+        queue_waited_s={
+            m: round(max(0.0, (snap.now_ms - snap.urgency.get(m, snap.now_ms)) / 1000), 3)
+            for m in queue
+        },
     )

@@ -38,6 +38,10 @@ class PoolView(BaseModel):
     queue: list[str] = []
     """Members with waiting requests, in the order they will be swapped in (most urgent
     first: arrival moved earlier by priority)."""
+    queue_waited_s: dict[str, float] = {}
+    """For each member of ``queue``: how long its most urgent waiter counts as having
+    waited, its priority included (its wait plus its priority times the pool's
+    ``priorityAging``); the queue is in decreasing order of it."""
 
 
 class PoolList(BaseModel):

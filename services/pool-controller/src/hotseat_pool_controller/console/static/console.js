@@ -128,10 +128,19 @@ function memberRows(view) {
       el("td", { class: `state-${stateText.split(" ")[0]}`, text: stateText || "-" }),
       el("td", { class: "num", text: view.leases[member] || 0 }),
       el("td", { class: "num waiters", text: view.waiters[member] || 0 }),
-      el("td", { class: "num hide-narrow", text: position >= 0 ? `#${position + 1}` : "-" }),
+      el("td", {
+        class: "num hide-narrow",
+        title: "place in line; how long its most urgent request counts as having waited (priority included)",
+        text: position >= 0 ? `#${position + 1} \u00b7 ${seconds(waited(view, member))}` : "-",
+      }),
       el("td", {}, action),
     );
   });
+}
+
+function waited(view, member) {
+  const value = (view.queue_waited_s || {})[member];
+  return value === undefined ? null : value;
 }
 
 function flags(view) {
@@ -154,8 +163,13 @@ function queueLine(view) {
   return el(
     "div",
     { class: "queue muted" },
-    "Next (most urgent first, priority counted): ",
-    queue.map((m, i) => `${i + 1}. ${m} (${view.waiters[m] || 0} waiting)`).join(", "),
+    "Next (most urgent first, priority counted as time waited): ",
+    queue
+      .map((m, i) => {
+        const w = waited(view, m);
+        return `${i + 1}. ${m} (${view.waiters[m] || 0} waiting${w === null ? "" : `, ${seconds(w)}`})`;
+      })
+      .join(", "),
   );
 }
 
