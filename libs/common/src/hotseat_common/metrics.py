@@ -100,6 +100,13 @@ class RouterMetrics:
             ["router", "rule"],
             registry=registry,
         )
+        self.tokens = Counter(
+            "hotseat_router_tokens_total",
+            "Tokens the upstreams reported in their answers' usage, by rule, backend, API key"
+            " (a short digest; empty without keys) and type (prompt, completion).",
+            ["router", "rule", "backend", "api_key", "type"],
+            registry=registry,
+        )
         self.held = Gauge(
             "hotseat_pool_held_requests",
             "Requests currently held waiting for a pool member.",

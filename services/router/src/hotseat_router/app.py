@@ -199,7 +199,7 @@ def create_app(
                 metrics.backend_healthy.labels(name, backend).set(1 if healthy else 0)
                 log.warning("backend_health", backend=backend, healthy=healthy)
 
-            audit = RequestAudit(publisher, metrics, name)
+            audit = RequestAudit(publisher, metrics, name, access_log=settings.access_log)
             dispatcher = Dispatcher(
                 policy=policy,
                 pool_budgets={p.name: p.swap_budget for p in config.pools},

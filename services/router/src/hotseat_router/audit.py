@@ -10,15 +10,24 @@ from __future__ import annotations
 from hotseat_common.audit_stream import AuditPublisher
 from hotseat_common.messages.audit import PoolOutcome, RequestOutcome, pool_event, request_event
 from hotseat_common.metrics import RouterMetrics
+from hotseat_router.access_log import access_line
 from hotseat_router.context import RequestContext
 from hotseat_router.matching import DEFAULT_ROUTE
 
 
 class RequestAudit:
-    def __init__(self, publisher: AuditPublisher, metrics: RouterMetrics, router: str) -> None:
+    def __init__(
+        self,
+        publisher: AuditPublisher,
+        metrics: RouterMetrics,
+        router: str,
+        *,
+        access_log: bool = False,
+    ) -> None:
         self._publisher = publisher
         self._metrics = metrics
         self._router = router
+        self._access_log = access_log
 
     def finish(
         self,
@@ -32,6 +41,8 @@ class RequestAudit:
         if not ctx.finish_once():
             return
         elapsed = ctx.elapsed()
+        duration_ms = round(elapsed * 1000, 3)
+        status = status if status is not None else ctx.status
         rule_label = ctx.rule if ctx.rule is not None else DEFAULT_ROUTE
         self._metrics.requests.labels(
             self._router, rule_label, ctx.backend or "", outcome.value
@@ -39,6 +50,12 @@ class RequestAudit:
         self._metrics.request_duration.labels(self._router, rule_label, outcome.value).observe(
             elapsed
         )
+        usage = ctx.usage
+        if usage is not None:
+            tokens = self._metrics.tokens
+            labels = (self._router, rule_label, ctx.backend or "", ctx.api_key or "")
+            tokens.labels(*labels, "prompt").inc(usage.prompt_tokens)
+            tokens.labels(*labels, "completion").inc(usage.completion_tokens)
         self._publisher.emit(
             request_event(
                 outcome,
@@ -48,12 +65,17 @@ class RequestAudit:
                 backend=ctx.backend,
                 pool=ctx.pool,
                 member=ctx.member,
-                status=status if status is not None else ctx.status,
-                duration_ms=round(elapsed * 1000, 3),
+                status=status,
+                duration_ms=duration_ms,
                 reason=reason,
                 swap_id=ctx.swap_id,
+                prompt_tokens=usage.prompt_tokens if usage is not None else None,
+                completion_tokens=usage.completion_tokens if usage is not None else None,
+                api_key=ctx.api_key,
             )
         )
+        if self._access_log:
+            access_line(ctx, outcome, status=status, duration_ms=duration_ms, reason=reason)
 
     def busy_skip(
         self, ctx: RequestContext, *, backend: str, pool: str, member: str, reason: str

@@ -56,9 +56,14 @@ class ApiKeyCheck:
     def client_of(self, authorization: bytes | None, address: str) -> str:
         """Who a request comes from: its key (as a short digest, never the key itself)
         when keys are configured, else its peer address."""
+        return self.key_id(authorization) or address
+
+    def key_id(self, authorization: bytes | None) -> str | None:
+        """The request's key as a short digest (never the key itself) when keys are
+        configured: what token usage is counted by; ``None`` without keys."""
         if self._digests and authorization is not None:
             return hashlib.sha256(authorization[7:].strip()).hexdigest()[:16]
-        return address
+        return None
 
     def allows(self, authorization: bytes | None) -> bool:
         if not self._digests:

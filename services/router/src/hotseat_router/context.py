@@ -16,6 +16,7 @@ from hotseat_common.config.model import Backend
 from hotseat_common.errors import ErrorCode
 from hotseat_router.asgi import Receive
 from hotseat_router.keepalive import HeldStream
+from hotseat_router.usage import Usage
 
 
 @dataclass(slots=True)
@@ -24,6 +25,8 @@ class RequestContext:
     client: str = ""
     """Who sent the request, as passive health tells clients apart: a digest of its API
     key when keys are configured, else its address."""
+    api_key: str | None = None
+    """The client's API key as a short digest, when keys are configured."""
     started: float = field(default_factory=time.monotonic)
     rule: str | None = None
     model: str | None = None
@@ -36,6 +39,8 @@ class RequestContext:
     """Set for a streaming request its rule answers early while held (``holdKeepAlive``)."""
     held_s: float = 0.0
     """How long the request was held for pool leases, all its attempts together."""
+    usage: Usage | None = None
+    """The upstream's token usage, when its answer said."""
     swap_id: str | None = None
     """The swap the request caused or waited for: the last one that loaded its member,
     else the last one it waited through."""

@@ -92,9 +92,11 @@ class ProxyEndpoint:
             elif name == b"content-length":
                 content_length = value
         peer = scope.get("client")
+        key = self._auth.key_id(authorization)
         ctx = RequestContext(
             request_id=request_id_of(client_request_id),
-            client=self._auth.client_of(authorization, peer[0] if peer else ""),
+            client=key or (peer[0] if peer else ""),
+            api_key=key,
         )
         self._in_flight.inc()
         try:

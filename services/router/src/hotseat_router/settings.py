@@ -82,6 +82,10 @@ class RouterSettings(ServiceSettings):
         ge=1,
         description="Distinct clients among them, unless every one failed to connect",
     )
+    access_log: bool = Field(
+        default=False,
+        description="Write one log line per request (event `access`) when it ends",
+    )
     audit_buffer: int = Field(
         default=10_000, ge=1, description="Audit events held while NATS is unreachable"
     )

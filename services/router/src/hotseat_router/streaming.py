@@ -28,6 +28,7 @@ from hotseat_router.errors import error_body
 from hotseat_router.headers import client_response_headers
 from hotseat_router.keepalive import HeldStream
 from hotseat_router.upstream import UpstreamBodyError, UpstreamResponse
+from hotseat_router.usage import UsageMeter
 
 _STREAM_ERRORS = {
     ErrorCode.STREAM_IDLE_TIMEOUT: "the upstream sent nothing for too long",
@@ -105,6 +106,7 @@ class Relay:
         response = dispatched.response
         lease = dispatched.lease.lease if dispatched.lease is not None else None
         held = ctx.held_stream
+        meter = UsageMeter() if response.status < HTTPStatus.BAD_REQUEST else None
         if held is not None and held.started:
             # The headers went while the request was held: name the backend in a comment;
             # a body that is not a stream (an error) becomes the stream's last event.
@@ -136,11 +138,11 @@ class Relay:
                 return (
                     ErrorCode.LEASE_LOST
                 )  # never relay past the lease (a stalled loop resumes here)
-            if not chunk:
-                ctx.last_body()
-                await send({"type": "http.response.body", "body": b""})
-                return None
-            if response.body_known_complete:
+            if meter is not None and chunk:
+                meter.feed(chunk)
+            if not chunk or response.body_known_complete:
+                if meter is not None:
+                    ctx.usage = meter.usage()
                 ctx.last_body()
                 await send({"type": "http.response.body", "body": chunk})
                 return None
