@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
@@ -187,15 +187,47 @@ async def timeline_of(pool: PoolAnswers, audit: AuditReader | None, minutes: int
             since=since,
             until=until,
         )
-        requests, more_requests = await audit.events(
-            [("kind", "request"), ("pool", pool.name)], since=since, until=until
-        )
+        requests, more_requests = await _swap_requests(audit, pool.name, swaps, since, until)
     except AuditUnavailable as exc:
         empty = build_timeline(view, [], [], since=since, until=until)
         return empty.model_copy(update={"audit_error": str(exc)})
     return build_timeline(
         view, swaps, requests, since=since, until=until, truncated=more_swaps or more_requests
     )
+
+
+SWAP_IDS_PER_QUERY = 50
+
+
+async def _swap_requests(
+    audit: AuditReader,
+    pool: str,
+    swaps: list[dict[str, Any]],
+    since: datetime,
+    until: datetime,
+) -> tuple[list[dict[str, Any]], bool]:
+    """The request events of the window's swaps: those carrying their swap ids (one
+    indexed query per 50 swaps), and, only when some swap event has no id (written before
+    swap ids), every request event of the pool in the window for the time-based match."""
+    ids = sorted({str(e["swap_id"]) for e in swaps if e.get("swap_id")})
+    requests: list[dict[str, Any]] = []
+    truncated = False
+    for start in range(0, len(ids), SWAP_IDS_PER_QUERY):
+        chunk = ids[start : start + SWAP_IDS_PER_QUERY]
+        found, more = await audit.events(
+            [("kind", "request"), ("pool", pool), *(("swap_id", i) for i in chunk)],
+            since=since,
+            until=until,
+        )
+        requests.extend(found)
+        truncated = truncated or more
+    if any(e.get("swap_id") is None and e.get("outcome") != "resident_lost" for e in swaps):
+        found, more = await audit.events(
+            [("kind", "request"), ("pool", pool)], since=since, until=until
+        )
+        requests.extend(e for e in found if not e.get("swap_id"))
+        truncated = truncated or more
+    return requests, truncated
 
 
 async def outcomes_of(audit: AuditReader | None, minutes: int) -> Outcomes:
