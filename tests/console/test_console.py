@@ -76,6 +76,10 @@ async def test_the_console_shows_the_resident_then_a_swap_with_its_waiters_then_
     await page.wait_for_selector(f'{POOL} [data-track="coder"] .span')
     await page.wait_for_selector('#outcomes-body tr[data-rule="coder"]')
     await console.shot("3-timeline-bar")
+    await page.click(f'{POOL} .zoom button:text-is("10 min")')
+    await page.wait_for_selector(f'{POOL} .timeline h3:has-text("Last 10 minutes")')
+    await page.wait_for_selector(f'{bar}[data-waiters="{len(ids)}"]')
+    await console.shot("4-timeline-10-minutes")
     assert console.offline.refused == [], "the page reached outside the stack"
     assert console.errors == []
 

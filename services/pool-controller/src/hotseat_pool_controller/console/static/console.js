@@ -5,6 +5,7 @@
 
 const TOKEN_KEY = "hotseat-admin-token";
 const TIMELINE_MINUTES = 60;
+const ZOOMS = [10, 60, 360];
 const TIMELINE_REFRESH_MS = 10000;
 
 const state = {
@@ -13,6 +14,7 @@ const state = {
   timelines: new Map(), // name -> Timeline
   lastEpoch: new Map(), // name -> epoch the timeline was last read at
   selected: null, // "pool/index" of the swap whose details are open
+  minutes: TIMELINE_MINUTES, // the timeline's window
 };
 
 function el(tag, attrs, ...children) {
@@ -279,7 +281,27 @@ function swapDetails(swap) {
 
 function renderTimeline(pool) {
   const timeline = state.timelines.get(pool);
-  const box = el("div", { class: "timeline", "data-timeline": pool }, el("h3", {}, "Last hour"));
+  const zoom = el(
+    "span",
+    { class: "zoom" },
+    ZOOMS.map((m) =>
+      el(
+        "button",
+        {
+          type: "button",
+          "aria-pressed": String(state.minutes === m),
+          onclick: () => {
+            state.minutes = m;
+            state.selected = null;
+            for (const name of state.pools.keys()) refreshTimeline(name);
+          },
+        },
+        m < 60 ? `${m} min` : `${m / 60} h`,
+      ),
+    ),
+  );
+  const title = state.minutes < 60 ? `Last ${state.minutes} minutes` : state.minutes === 60 ? "Last hour" : `Last ${state.minutes / 60} hours`;
+  const box = el("div", { class: "timeline", "data-timeline": pool }, el("h3", {}, title, zoom));
   if (!state.info.audit) {
     box.append(el("p", { class: "muted" }, "The timeline needs the audit service: start the controller with HOTSEAT_AUDIT_URL."));
     return box;
@@ -367,9 +389,9 @@ function renderTimeline(pool) {
 async function refreshTimeline(pool) {
   if (!state.info.audit) return;
   try {
-    state.timelines.set(pool, await getJson(`/ui/api/timeline/${encodeURIComponent(pool)}?minutes=${TIMELINE_MINUTES}`));
+    state.timelines.set(pool, await getJson(`/ui/api/timeline/${encodeURIComponent(pool)}?minutes=${state.minutes}`));
   } catch (error) {
-    state.timelines.set(pool, { since: new Date(Date.now() - TIMELINE_MINUTES * 60000).toISOString(), until: new Date().toISOString(), residency: [], swaps: [], audit_error: String(error) });
+    state.timelines.set(pool, { since: new Date(Date.now() - state.minutes * 60000).toISOString(), until: new Date().toISOString(), residency: [], swaps: [], audit_error: String(error) });
   }
   const view = state.pools.get(pool);
   if (view) renderPool(view);
