@@ -1,20 +1,25 @@
 """The JetStream stream that carries audit events, and the publisher every service uses.
 
-Publishing never blocks a request: events go into a bounded buffer and a background task
-publishes them with a publish ack and ``Nats-Msg-Id`` = event id, retrying the same id
-until JetStream acknowledges it (the stream's de-dup window makes the retry harmless).
-When the buffer is full an event is dropped, counted and logged, never silently lost.
+Publishing never blocks a request: an event is encoded and appended to a bounded buffer,
+and a background task publishes what the buffer holds in batches: every event of a batch
+goes out at once (``Nats-Msg-Id`` = event id, each with its own publish ack), then the
+task waits for the batch's acks together. An event stays in the publisher until
+JetStream acknowledged it; one whose ack did not come is published again under the same
+id (the stream's de-dup window makes the retry harmless). When the buffer is full an
+event is dropped, counted and logged, never silently lost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, PubAck, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
 from hotseat_common.logging import get_logger
@@ -26,6 +31,8 @@ log = get_logger(__name__)
 
 PUBLISH_TIMEOUT = 2.0
 RETRY_BACKOFF_MAX = 2.0
+MAX_BATCH = 256
+"""At most this many events are published before their acks are awaited."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +70,14 @@ async def ensure_audit_stream(
         await js.update_stream(spec.config())
 
 
+class _Pending(NamedTuple):
+    subject: str
+    event_id: str
+    data: bytes
+
+
 class AuditPublisher:
-    """Buffers audit events and publishes them to JetStream in the background."""
+    """Buffers audit events and publishes them to JetStream in the background, in batches."""
 
     def __init__(
         self,
@@ -73,64 +86,102 @@ class AuditPublisher:
         metrics: AuditPublishMetrics,
         *,
         max_buffer: int = 10_000,
+        max_batch: int = MAX_BATCH,
     ) -> None:
         self._js = js
         self._subjects = subjects
         self._metrics = metrics
-        self._queue: asyncio.Queue[AuditEvent] = asyncio.Queue(maxsize=max_buffer)
+        self._max_buffer = max_buffer
+        self._max_batch = max_batch
+        self._buffer: deque[_Pending] = deque()
+        self._in_flight = 0
+        """Events taken from the buffer whose acks the task still waits for."""
+        self._routes: dict[tuple[str, str], str] = {}
         self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
 
     def emit(self, event: AuditEvent) -> None:
         """Queue ``event`` for publishing; never blocks."""
-        try:
-            self._queue.put_nowait(event)
-        except asyncio.QueueFull:
+        self.emit_encoded(event.kind, event.outcome, event.id, event.to_bytes())
+
+    def emit_encoded(self, kind: str, outcome: str, event_id: str, data: bytes) -> None:
+        """Queue an event already encoded (:func:`~hotseat_common.messages.audit.encode_event`)."""
+        if len(self._buffer) + self._in_flight >= self._max_buffer:
             self._metrics.dropped.inc()
-            log.error(  # noqa: TRY400 - a full buffer is the whole story, no traceback
-                "audit_event_dropped",
-                event_id=event.id,
-                outcome=event.outcome,
-                reason="buffer_full",
+            log.error(
+                "audit_event_dropped", event_id=event_id, outcome=outcome, reason="buffer_full"
             )
             return
-        self._idle.clear()
-        self._metrics.buffered.set(self._queue.qsize())
+        subject = self._routes.get((kind, outcome))
+        if subject is None:
+            subject = self._routes[kind, outcome] = self._subjects.audit(kind, outcome)
+        self._buffer.append(_Pending(subject, event_id, data))
+        if not self._ready.is_set():
+            self._idle.clear()
+            self._ready.set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="audit-publisher")
 
     async def _run(self) -> None:
+        buffer = self._buffer
         while True:
-            event = await self._queue.get()
-            await self._publish_until_acked(event)
-            self._queue.task_done()
-            self._metrics.buffered.set(self._queue.qsize())
-            if self._queue.empty():
+            if not buffer:
+                self._metrics.buffered.set(0)
                 self._idle.set()
-
-    async def _publish_until_acked(self, event: AuditEvent) -> None:
-        subject = self._subjects.audit(event.kind, event.outcome)
-        data = event.to_bytes()
-        backoff = 0.05
-        while True:
+                self._ready.clear()
+                await self._ready.wait()
+            take = min(len(buffer), self._max_batch)
+            batch = [buffer.popleft() for _ in range(take)]
+            self._in_flight = take
+            self._metrics.buffered.set(take + len(buffer))
             try:
-                await self._js.publish(
-                    subject, data, timeout=PUBLISH_TIMEOUT, headers={"Nats-Msg-Id": event.id}
-                )
-            except (NatsError, TimeoutError) as exc:
+                await self._publish_until_acked(batch)
+            finally:
+                self._in_flight = 0
+
+    async def _publish_until_acked(self, batch: list[_Pending]) -> None:
+        backoff = 0.05
+        while batch:
+            batch = await self._publish_once(batch)
+            if batch:
                 log.warning(
                     "audit_publish_retry",
-                    event_id=event.id,
-                    error=type(exc).__name__,
+                    event_id=batch[0].event_id,
+                    events=len(batch),
                     backoff=backoff,
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, RETRY_BACKOFF_MAX)
+
+    async def _publish_once(self, batch: list[_Pending]) -> list[_Pending]:
+        """Publish every event of ``batch``, then wait for their acks together; the events
+        whose ack did not come (or said no) are returned, to be published again."""
+        futures: list[asyncio.Future[PubAck]] = []
+        try:
+            for item in batch:
+                future = await self._js.publish_async(
+                    item.subject, item.data, headers={"Nats-Msg-Id": item.event_id}
+                )
+                futures.append(future)  # kept one by one: a failure keeps those sent
+        except (NatsError, OSError) as exc:
+            log.warning("audit_publish_failed", error=type(exc).__name__)
+        if futures:
+            await asyncio.wait(futures, timeout=PUBLISH_TIMEOUT)
+        failed = []
+        acked = 0
+        for item, future in zip(batch, futures, strict=False):
+            if future.done() and not future.cancelled() and future.exception() is None:
+                acked += 1
             else:
-                self._metrics.published.inc()
-                return
+                future.cancel()  # a late ack is dropped: the retry is acked instead
+                failed.append(item)
+        failed.extend(batch[len(futures) :])
+        if acked:
+            self._metrics.published.inc(acked)
+        return failed
 
     async def flush(self, timeout: float) -> bool:
         """Wait until every queued event is acknowledged; False if ``timeout`` passed first."""
@@ -144,7 +195,7 @@ class AuditPublisher:
         """Flush, then stop; events still queued after ``timeout`` are counted as dropped."""
         flushed = await self.flush(timeout)
         if not flushed:
-            left = self._queue.qsize()
+            left = len(self._buffer) + self._in_flight
             self._metrics.dropped.inc(left)
             log.error("audit_events_unflushed", count=left)
         if self._task is not None:

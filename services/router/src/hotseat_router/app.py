@@ -58,7 +58,7 @@ from hotseat_router.errors import (
 from hotseat_router.headers import REQUEST_ID_B, request_id_of
 from hotseat_router.health import HealthPolicy, PassiveHealth
 from hotseat_router.matching import Matcher
-from hotseat_router.memory import return_large_blocks_to_the_os
+from hotseat_router.memory import freeze_startup_heap, return_large_blocks_to_the_os
 from hotseat_router.openapi import router_openapi
 from hotseat_router.proxy import PROXY_PATHS, ProxyEndpoint
 from hotseat_router.settings import RouterSettings, router_name
@@ -243,12 +243,14 @@ def create_app(
             )
             readiness.add("config", lambda: True)
             readiness.add("nats", lambda: nc.is_connected)
+            frozen = freeze_startup_heap()
             log.info(
                 "router_started",
                 router=name,
                 backends=len(config.backends),
                 rules=len(config.rules),
                 api_keys=auth.enabled,
+                frozen_objects=frozen,
             )
             try:
                 yield {"proxy": proxy}

@@ -3,12 +3,18 @@
 
 The request counters and duration histogram are updated here too, so that every
 outcome the audit trail sees is also counted.
+
+The request event is encoded straight from the request's typed record
+(:func:`~hotseat_common.messages.audit.encode_event`) and handed to the publisher, which
+publishes it in a batch off the request's path.
 """
 
 from __future__ import annotations
 
+from prometheus_client import Counter, Histogram
+
 from hotseat_common.audit_stream import AuditPublisher
-from hotseat_common.messages.audit import PoolOutcome, RequestOutcome, pool_event, request_event
+from hotseat_common.messages.audit import PoolOutcome, RequestOutcome, encode_event, pool_event
 from hotseat_common.metrics import RouterMetrics
 from hotseat_router.access_log import access_line
 from hotseat_router.context import RequestContext
@@ -28,6 +34,9 @@ class RequestAudit:
         self._metrics = metrics
         self._router = router
         self._access_log = access_log
+        self._series: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+        """The request counter and duration histogram of each (rule, backend, outcome)
+        seen, looked up once (their number is bounded by the config)."""
 
     def finish(
         self,
@@ -44,36 +53,41 @@ class RequestAudit:
         duration_ms = round(elapsed * 1000, 3)
         status = status if status is not None else ctx.status
         rule_label = ctx.rule if ctx.rule is not None else DEFAULT_ROUTE
-        self._metrics.requests.labels(
-            self._router, rule_label, ctx.backend or "", outcome.value
-        ).inc()
-        self._metrics.request_duration.labels(self._router, rule_label, outcome.value).observe(
-            elapsed
-        )
+        key = (rule_label, ctx.backend or "", outcome.value)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = (
+                self._metrics.requests.labels(self._router, *key),
+                self._metrics.request_duration.labels(self._router, rule_label, outcome.value),
+            )
+        series[0].inc()
+        series[1].observe(elapsed)
         usage = ctx.usage
         if usage is not None:
             tokens = self._metrics.tokens
             labels = (self._router, rule_label, ctx.backend or "", ctx.api_key or "")
             tokens.labels(*labels, "prompt").inc(usage.prompt_tokens)
             tokens.labels(*labels, "completion").inc(usage.completion_tokens)
-        self._publisher.emit(
-            request_event(
-                outcome,
-                request_id=ctx.request_id,
-                router=self._router,
-                rule=ctx.rule,
-                backend=ctx.backend,
-                pool=ctx.pool,
-                member=ctx.member,
-                status=status,
-                duration_ms=duration_ms,
-                reason=reason,
-                swap_id=ctx.swap_id,
-                prompt_tokens=usage.prompt_tokens if usage is not None else None,
-                completion_tokens=usage.completion_tokens if usage is not None else None,
-                api_key=ctx.api_key,
-            )
+        event_id, data = encode_event(
+            "request",
+            outcome.value,
+            {
+                "request_id": ctx.request_id,
+                "router": self._router,
+                "rule": ctx.rule,
+                "backend": ctx.backend,
+                "pool": ctx.pool,
+                "member": ctx.member,
+                "status": status,
+                "duration_ms": duration_ms,
+                "reason": reason,
+                "swap_id": ctx.swap_id,
+                "prompt_tokens": usage.prompt_tokens if usage is not None else None,
+                "completion_tokens": usage.completion_tokens if usage is not None else None,
+                "api_key": ctx.api_key,
+            },
         )
+        self._publisher.emit_encoded("request", outcome.value, event_id, data)
         if self._access_log:
             access_line(ctx, outcome, status=status, duration_ms=duration_ms, reason=reason)
 

@@ -7,11 +7,13 @@ past it, by the audit store's unique id.
 
 from __future__ import annotations
 
-import uuid
+import os
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Literal, Self
 
+import orjson
 from pydantic import Field, model_validator
 
 from hotseat_common.errors import ErrorCode
@@ -68,7 +70,9 @@ _OUTCOME_VALUES = {
 
 
 def new_event_id() -> str:
-    return uuid.uuid4().hex
+    """128 random bits as 32 hex digits (the shape of a UUID's hex, without its version
+    bits: a quarter of ``uuid4().hex``'s cost, paid once per request)."""
+    return os.urandom(16).hex()
 
 
 def utcnow() -> datetime:
@@ -131,3 +135,32 @@ def request_event(outcome: RequestOutcome, **fields: object) -> AuditEvent:
 
 def pool_event(outcome: PoolOutcome, **fields: object) -> AuditEvent:
     return AuditEvent.model_validate({"kind": "pool", "outcome": outcome.value, **fields})
+
+
+_FIELDS = frozenset(AuditEvent.model_fields)
+
+
+def encode_event(
+    kind: Literal["request", "pool"], outcome: str, fields: Mapping[str, object]
+) -> tuple[str, bytes]:
+    """A new event's id and the JSON :meth:`AuditEvent.to_bytes` would write for it, without
+    building the model: for a caller whose values are typed already (the router, once per
+    request, where validating them again cost five times the encoding). Fields that are
+    ``None`` are left out, as ``to_bytes`` leaves them; a name :class:`AuditEvent` does
+    not have is refused. tests/common/test_audit_encoding.py holds the two encodings to
+    the same result."""
+    event_id = new_event_id()
+    doc: dict[str, object] = {
+        "v": 1,
+        "id": event_id,
+        "time": utcnow(),
+        "kind": kind,
+        "outcome": outcome,
+    }
+    for name, value in fields.items():
+        if value is None:
+            continue
+        if name not in _FIELDS:
+            raise TypeError(f"an audit event has no field {name!r}")
+        doc[name] = value
+    return event_id, orjson.dumps(doc, option=orjson.OPT_UTC_Z)
