@@ -67,6 +67,20 @@ class PoolPolicy:
     swap back (counted, audited)."""
     idle_unload_ms: Mapping[str, int] = field(default_factory=dict)
     """member -> how long it may stay resident with nothing to do (absent: for ever)."""
+    capacity_gib: float | None = None
+    """A capacity pool's memory (docs/adr/0008): members resident together while their
+    ``memory_gib`` fit in it; ``None``: one resident at a time."""
+    memory_gib: Mapping[str, float] = field(default_factory=dict)
+    """member -> the memory it holds while loaded (a capacity pool's members)."""
+    pinned: frozenset[str] = frozenset()
+    """Members kept resident: loaded at start, never evicted (a capacity pool's)."""
+
+    @property
+    def has_capacity(self) -> bool:
+        return self.capacity_gib is not None
+
+    def gib(self, member: str | None) -> float:
+        return self.memory_gib.get(member, 0.0) if member else 0.0
 
     @classmethod
     def from_config(cls, pool: Pool, *, heartbeat_ttl_s: float = 3.0) -> PoolPolicy:
@@ -93,6 +107,9 @@ class PoolPolicy:
             priority_aging_ms=int(pool.priority_aging * 1000),
             thrash_window_ms=int(pool.thrash_window * 1000),
             idle_unload_ms=idle,
+            capacity_gib=pool.capacity.total_gib if pool.capacity else None,
+            memory_gib={m.name: m.memory_gi_b for m in pool.members if m.memory_gi_b is not None},
+            pinned=frozenset(m.name for m in pool.members if m.pinned),
         )
 
 
@@ -156,6 +173,15 @@ class PoolSnapshot:
     attempt_lease: AttemptLease | None = None
     attempt_waiting: bool = False
     """The asking attempt is one of the pool's live waiters already."""
+    residents: frozenset[str] = frozenset()
+    """A capacity pool's residency set: members loaded and serving (docs/adr/0008)."""
+    evicts: tuple[str, ...] = ()
+    """The members the plan in flight unloads (a capacity pool's), or that a failed plan
+    or a loss left to confirm gone."""
+    unwell: frozenset[str] = frozenset()
+    """A capacity pool's residents that fail their health checks while they serve."""
+    used: Mapping[str, int] = field(default_factory=dict)
+    """member -> when it was last loaded or last released its last lease (Redis clock)."""
 
     def live_leases(self, member: str | None) -> int:
         return self.leases.get(member, 0) if member else 0
@@ -167,7 +193,8 @@ class PoolSnapshot:
     def serving(self, member: str | None) -> bool:
         """``member`` has live leases, or may have ones the store is still relearning."""
         return member is not None and (
-            self.live_leases(member) > 0 or (self.relearning and member == self.resident)
+            self.live_leases(member) > 0
+            or (self.relearning and (member == self.resident or member in self.residents))
         )
 
     def live_waiters(self, member: str | None) -> int:
@@ -287,6 +314,9 @@ class SwapOrder:
     """Resumed in ``loading``: the target's load began under an earlier owner."""
     swap_id: str = ""
     """The swap's id (kept through a takeover; logs and traces carry it)."""
+    evicts: tuple[str, ...] | None = None
+    """A capacity pool's plan: the only members it unloads (``None``: a one-resident
+    pool's swap, which unloads every member but the target)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +346,8 @@ class AuditIntent:
     unload_ms: float | None = None
     """A swap's phase times, on its terminal event."""
     load_ms: float | None = None
+    evicts: tuple[str, ...] | None = None
+    """A capacity pool's plan: the members it evicts (``swap_started``)."""
 
     @classmethod
     def of_swap(

@@ -7,6 +7,7 @@ being unloaded or loaded, how long the swap has run and how long it is expected 
 from __future__ import annotations
 
 from hotseat_common.messages import PoolView
+from hotseat_pool_controller.decisions.capacity import free_gib
 from hotseat_pool_controller.decisions.hold import measured_swap_s
 from hotseat_pool_controller.decisions.schedule import ranked
 from hotseat_pool_controller.model import IN_FLIGHT, Phase, PoolPolicy, PoolSnapshot
@@ -22,6 +23,8 @@ def pool_view(policy: PoolPolicy, snap: PoolSnapshot) -> PoolView:
     expected = measured_swap_s(snap)
     remaining = None if elapsed is None or expected is None else max(0.0, expected - elapsed)
     queue = ranked(snap, excluding=None if snap.closed else snap.resident)
+    if policy.has_capacity:
+        return _capacity_view(policy, snap, elapsed, expected, remaining)
     return PoolView(
         name=policy.name,
         resident=None if in_flight else snap.resident,
@@ -44,4 +47,42 @@ def pool_view(policy: PoolPolicy, snap: PoolSnapshot) -> PoolView:
             m: round(max(0.0, (snap.now_ms - snap.urgency.get(m, snap.now_ms)) / 1000), 3)
             for m in queue
         },
+        residents=[snap.resident] if snap.resident and not in_flight else [],
+    )
+
+
+def _capacity_view(
+    policy: PoolPolicy,
+    snap: PoolSnapshot,
+    elapsed: float | None,
+    expected: float | None,
+    remaining: float | None,
+) -> PoolView:
+    """A capacity pool: its residents serve throughout a plan (docs/adr/0008)."""
+    in_flight = snap.phase in IN_FLIGHT
+    queue = ranked(snap, among=frozenset(policy.members) - snap.residents)
+    return PoolView(
+        name=policy.name,
+        resident=None,
+        swapping=snap.target,
+        phase=snap.phase.value,
+        unloading=snap.evicts[0] if snap.phase == Phase.UNLOADING and snap.evicts else None,
+        loading=snap.target if in_flight else None,
+        swap_id=snap.swap_id if in_flight else None,
+        swap_elapsed_s=_seconds(elapsed),
+        swap_expected_s=_seconds(expected),
+        swap_remaining_s=_seconds(remaining),
+        epoch=snap.epoch,
+        leases={m: snap.live_leases(m) for m in policy.members},
+        waiters={m: snap.live_waiters(m) for m in policy.members},
+        relearning=snap.relearning,
+        queue=queue,
+        queue_waited_s={
+            m: round(max(0.0, (snap.now_ms - snap.urgency.get(m, snap.now_ms)) / 1000), 3)
+            for m in queue
+        },
+        residents=sorted(snap.residents),
+        evicting=list(snap.evicts),
+        capacity_gib=policy.capacity_gib,
+        free_gib=round(free_gib(snap, policy), 3),
     )

@@ -60,6 +60,12 @@ class SwapReason(StrEnum):
     """The resident served nothing for its ``idleUnloadAfter``; the pool stays cold."""
     RETURN_TO_DEFAULT = "return_to_default"
     """The resident served nothing for its ``idleUnloadAfter``; the default comes back."""
+    FITS = "fits"
+    """A capacity pool: requests wait for the target, and it fits in the free memory
+    beside the residents (nothing evicted; docs/adr/0008)."""
+    EVICT_IDLE = "evict_idle"
+    """A capacity pool: requests wait for the target, and idle residents are evicted to
+    make room for it (``evicts`` names them)."""
 
 
 _OUTCOME_VALUES = {

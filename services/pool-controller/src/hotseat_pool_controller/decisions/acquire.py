@@ -14,6 +14,7 @@ from hotseat_common.messages import (
     WaitReply,
 )
 from hotseat_pool_controller.decisions.busy import incumbent_busy, needs_slots
+from hotseat_pool_controller.decisions.capacity import decide_capacity_acquire
 from hotseat_pool_controller.decisions.hold import (
     MIN_RETRY_AFTER_S,
     hold,
@@ -42,7 +43,7 @@ from hotseat_pool_controller.model import (
 from hotseat_pool_controller.store.codec import set_state
 
 
-def decide_acquire(
+def decide_acquire(  # noqa: PLR0911 - one answer per case of PRODUCT.md section 2
     snap: PoolSnapshot,
     ask: AcquireAsk,
     policy: PoolPolicy,
@@ -54,6 +55,8 @@ def decide_acquire(
     early = _before_residency(snap, ask, policy)
     if early is not None:
         return early
+    if policy.has_capacity:
+        return decide_capacity_acquire(snap, ask, policy, controller, _grant(snap, ask, policy))
     if snap.resident == ask.member and snap.phase in SERVING:
         return _for_resident(snap, ask, policy)
     if snap.phase in IN_FLIGHT:

@@ -7,6 +7,10 @@ from __future__ import annotations
 from hotseat_common.errors import ErrorCode
 from hotseat_common.messages import ErrorReply, SwapReason, WaitReason, WaitReply
 from hotseat_pool_controller.decisions.busy import needs_slots
+from hotseat_pool_controller.decisions.capacity import (
+    decide_capacity_admin_swap,
+    decide_capacity_admin_unload,
+)
 from hotseat_pool_controller.decisions.start import start_swap
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
@@ -32,6 +36,8 @@ def decide_admin_swap(
         )
     if (refused := _in_flight(snap)) is not None:
         return refused
+    if policy.has_capacity:
+        return decide_capacity_admin_swap(snap, member, controller, policy)
     if snap.resident == member:
         return Decision(
             reply=WaitReply(
@@ -49,6 +55,8 @@ def decide_admin_unload(
     """An operator empties the GPU: unload the resident, then stay cold until demand."""
     if (refused := _in_flight(snap)) is not None:
         return refused
+    if policy.has_capacity:
+        return decide_capacity_admin_unload(snap, controller, policy)
     return _start(
         snap, policy, controller, target=None, reason=SwapReason.ADMIN_UNLOAD, slots_busy=slots_busy
     )

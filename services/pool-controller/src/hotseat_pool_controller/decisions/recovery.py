@@ -72,6 +72,8 @@ def decide_rebuild(
     *,
     unhealthy: bool = False,
     relearn_ms: int = 0,
+    capacity: bool = False,
+    unwell: frozenset[str] = frozenset(),
 ) -> Decision:
     """State was lost (missing, or written on another Redis server): take residency from
     what the drivers report as running (``on_gpu``; a lone member is the resident, marked
@@ -80,6 +82,30 @@ def decide_rebuild(
     store forgot. (The store records which server the new state is written on.)"""
     if snap.phase != Phase.UNKNOWN:
         return NOTHING
+    if capacity:
+        # A capacity pool (docs/adr/0008): every member on the GPU is a resident, each
+        # busy while routers renew the leases the store forgot; one that does not answer
+        # (still loading, or stalled under its streams) is unwell, never taken for gone.
+        return Decision(
+            ops=(
+                set_state(
+                    phase=Phase.IDLE,
+                    resident=None,
+                    residents=frozenset(on_gpu),
+                    evicts=(),
+                    unwell=unwell & frozenset(on_gpu),
+                    target=None,
+                    from_member=None,
+                    owner=None,
+                    forced=False,
+                    parked=False,
+                    unhealthy=False,
+                    relearn_ms=snap.now_ms + relearn_ms if on_gpu else None,
+                    epoch=next_epoch(snap),
+                ),
+            ),
+            pre=Preconditions(state_unknown=True),
+        )
     resident = on_gpu[0] if len(on_gpu) == 1 else None
     return Decision(
         ops=(

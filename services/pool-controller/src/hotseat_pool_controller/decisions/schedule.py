@@ -26,15 +26,24 @@ def swap_s(snap: PoolSnapshot, member: str | None) -> float | None:
     return _mean(snap.member_swap_times.get(member, ())) if member else None
 
 
-def ranked(snap: PoolSnapshot, *, excluding: str | None = None) -> list[str]:
+def ranked(
+    snap: PoolSnapshot, *, excluding: str | None = None, among: frozenset[str] | None = None
+) -> list[str]:
     """Members with live waiters, most urgent first (earliest virtual arrival; a member
-    whose waiters carry no urgency, written before it existed, ranks by now)."""
-    waiting = [m for m, n in snap.waiters.items() if n > 0 and m != excluding]
+    whose waiters carry no urgency, written before it existed, ranks by now); ``among``:
+    only those members."""
+    waiting = [
+        m
+        for m, n in snap.waiters.items()
+        if n > 0 and m != excluding and (among is None or m in among)
+    ]
     return sorted(waiting, key=lambda m: (snap.urgency.get(m, snap.now_ms), m))
 
 
-def most_urgent(snap: PoolSnapshot, *, excluding: str | None = None) -> str | None:
-    order = ranked(snap, excluding=excluding)
+def most_urgent(
+    snap: PoolSnapshot, *, excluding: str | None = None, among: frozenset[str] | None = None
+) -> str | None:
+    order = ranked(snap, excluding=excluding, among=among)
     return order[0] if order else None
 
 

@@ -5,12 +5,14 @@ swap whose demand left before it), commit the target, or fail. Each step answers
 from __future__ import annotations
 
 from hotseat_common.messages import PoolOutcome
+from hotseat_pool_controller.decisions.capacity import commit_ops, evicts_left, plan_failed_state
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
     NOTHING,
     AuditIntent,
     ClearWaiters,
     Decision,
+    Op,
     Phase,
     PoolPolicy,
     PoolSnapshot,
@@ -42,15 +44,25 @@ def decide_heartbeat(
     )
 
 
-def decide_begin_load(snap: PoolSnapshot, epoch: int, controller: str) -> Decision | None:
-    """After the unloads: load the target, or cancel if its demand is gone."""
+def decide_begin_load(
+    snap: PoolSnapshot,
+    epoch: int,
+    controller: str,
+    policy: PoolPolicy | None = None,
+    unloaded: tuple[str, ...] = (),
+) -> Decision | None:
+    """After the unloads: load the target, or cancel if its demand is gone. In a capacity
+    pool (``policy`` says) the evicts confirmed gone (``unloaded``) stop being counted."""
     if not _owns(snap, epoch, controller):
         return None
     if snap.phase == Phase.LOADING:
         return NOTHING  # taken over mid-load: the load that started runs to completion
+    capacity = policy is not None and policy.has_capacity
     if snap.target is not None and not snap.forced and snap.live_waiters(snap.target) == 0:
+        left = set_state(evicts=evicts_left(snap, unloaded))
+        ended = (_cold_state(), left) if capacity else ()
         return Decision(
-            ops=(_cold_state(),),
+            ops=ended or (_cold_state(),),
             pre=Preconditions(
                 state_equals=owned_by(epoch, controller), zero_waiters=(snap.target,)
             ),
@@ -66,6 +78,17 @@ def decide_begin_load(snap: PoolSnapshot, epoch: int, controller: str) -> Decisi
             ),
         )
     # An unload-only swap (admin) has nothing to load: it goes straight on to its commit.
+    if capacity:
+        return Decision(
+            ops=(
+                set_state(
+                    phase=Phase.LOADING,
+                    loading_ms=snap.now_ms,
+                    evicts=evicts_left(snap, unloaded),
+                ),
+            ),
+            pre=_still_owned(epoch, controller),
+        )
     return Decision(
         ops=(set_state(phase=Phase.LOADING, loading_ms=snap.now_ms),),
         pre=_still_owned(epoch, controller),
@@ -84,11 +107,35 @@ def _cold_state() -> SetState:
     )
 
 
-def decide_commit(snap: PoolSnapshot, epoch: int, controller: str) -> Decision | None:
-    """The target is ready (or, unload-only, everything is gone): it becomes the resident."""
+def decide_commit(
+    snap: PoolSnapshot, epoch: int, controller: str, policy: PoolPolicy | None = None
+) -> Decision | None:
+    """The target is ready (or, unload-only, everything is gone): it becomes the resident,
+    or, in a capacity pool (``policy`` says), joins the residency set."""
     if not _owns(snap, epoch, controller):
         return None
     seconds = max(0.0, (snap.now_ms - snap.started_ms) / 1000)
+    if policy is not None and policy.has_capacity:
+        return Decision(
+            ops=(
+                set_state(
+                    phase=Phase.IDLE,
+                    target=None,
+                    from_member=None,
+                    owner=None,
+                    forced=False,
+                    committed_ms=snap.now_ms,
+                ),
+                *commit_ops(snap),
+                RecordSwapTime(seconds, member=snap.target),
+            ),
+            pre=_still_owned(epoch, controller),
+            audit=(
+                AuditIntent.of_swap(
+                    PoolOutcome.SWAP_COMPLETED, snap.target, snap.from_member, epoch
+                ),
+            ),
+        )
     return Decision(
         ops=(
             set_state(
@@ -120,6 +167,8 @@ def decide_fail(
     """The swap failed or timed out (the target is already unloaded): pool cold, waiters told."""
     if not _owns(snap, epoch, controller):
         return None
+    if policy.has_capacity:
+        return _capacity_fail(snap, policy, epoch, controller, reason)
     if snap.target is None:  # an unload-only swap failed: nothing is known to be resident
         return Decision(
             ops=(_cold_state(),),
@@ -140,6 +189,28 @@ def decide_fail(
         audit=(
             AuditIntent.of_swap(
                 PoolOutcome.SWAP_FAILED, snap.target, snap.from_member, epoch, reason, snap=snap
+            ),
+        ),
+    )
+
+
+def _capacity_fail(
+    snap: PoolSnapshot, policy: PoolPolicy, epoch: int, controller: str, reason: str
+) -> Decision:
+    """A capacity pool's plan failed: the set keeps its members; what the plan could not
+    confirm gone stays counted (``plan_end_state``), its target's waiters are told."""
+    ops: list[Op] = [_cold_state(), *plan_failed_state(snap)]
+    if snap.target is not None:
+        ops += [
+            ClearWaiters(snap.target),
+            SetFailure(snap.target, reason, policy.failure_backoff_ms),
+        ]
+    return Decision(
+        ops=tuple(ops),
+        pre=_still_owned(epoch, controller),
+        audit=(
+            AuditIntent.of_swap(
+                PoolOutcome.SWAP_FAILED, snap.target, snap.from_member, epoch, reason
             ),
         ),
     )

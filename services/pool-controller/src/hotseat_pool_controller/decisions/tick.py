@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from hotseat_common.messages import PoolOutcome, SwapReason
 from hotseat_pool_controller.decisions.busy import incumbent_busy, needs_slots
+from hotseat_pool_controller.decisions.capacity import decide_capacity_tick
 from hotseat_pool_controller.decisions.recovery import decide_resident_lost
 from hotseat_pool_controller.decisions.schedule import closing_for, idle_unload_due, most_urgent
 from hotseat_pool_controller.decisions.start import forget_cause, next_epoch, start_swap
@@ -25,7 +26,7 @@ from hotseat_pool_controller.model import (
 from hotseat_pool_controller.store.codec import set_state
 
 
-def decide_tick(
+def decide_tick(  # noqa: PLR0911 - one move per state of the pool
     snap: PoolSnapshot, policy: PoolPolicy, controller: str, *, slots_busy: bool | None = None
 ) -> Decision:
     """Move the pool forward without a request: start, retarget, cancel, take over, warm."""
@@ -33,6 +34,8 @@ def decide_tick(
         return NOTHING
     if snap.phase in IN_FLIGHT:
         return _maybe_take_over(snap, policy, controller)
+    if policy.has_capacity:
+        return decide_capacity_tick(snap, policy, controller)
     if snap.unhealthy and snap.resident is not None and not snap.serving(snap.resident):
         # It stopped answering while it served; now that nothing is left on it, recover.
         return decide_resident_lost(snap, snap.resident, "unhealthy, and its last lease ended")
@@ -160,5 +163,6 @@ def _maybe_take_over(snap: PoolSnapshot, policy: PoolPolicy, controller: str) ->
             resume=True,
             loading=snap.phase == Phase.LOADING,
             swap_id=snap.swap_id or "",
+            evicts=snap.evicts if policy.has_capacity else None,
         ),
     )

@@ -53,9 +53,10 @@ class Announcer:
             log.warning("pool_event_publish_failed", pool=pool, error=type(exc).__name__)
         self._count.observe(pool, snap)
 
-    def observe(self, pool: str, snap: PoolSnapshot) -> None:
-        """A pool as just read: its gauges (leases, waiters, resident)."""
-        self._count.observe(pool, snap)
+    def observe(self, pool: str, snap: PoolSnapshot, free_gib: float | None = None) -> None:
+        """A pool as just read: its gauges (leases, waiters, residents, a capacity pool's
+        free memory)."""
+        self._count.observe(pool, snap, free_gib)
 
     def acquired(self, pool: str, member: str, status: str) -> None:
         self._count.acquired(pool, member, status)

@@ -60,10 +60,13 @@ class Counting:
             if count:
                 self._metrics.cache_files_dropped.labels(pool, member, reason).inc(count)
 
-    def observe(self, pool: str, snap: PoolSnapshot) -> None:
-        """Refresh the gauges from a snapshot."""
+    def observe(self, pool: str, snap: PoolSnapshot, free_gib: float | None = None) -> None:
+        """Refresh the gauges from a snapshot (``free_gib``: a capacity pool's)."""
         for member, count in snap.leases.items():
             self._metrics.leases_live.labels(pool, member).set(count)
-            self._metrics.resident.labels(pool, member).set(1 if member == snap.resident else 0)
+            resident = member == snap.resident or member in snap.residents
+            self._metrics.resident.labels(pool, member).set(1 if resident else 0)
+        if free_gib is not None:
+            self._metrics.memory_free.labels(pool).set(free_gib)
         for member, count in snap.waiters.items():
             self._metrics.waiters.labels(pool, member).set(count)

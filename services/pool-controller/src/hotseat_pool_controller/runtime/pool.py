@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from hotseat_common.config.model import Pool
 from hotseat_common.logging import get_logger
+from hotseat_pool_controller.decisions.capacity import free_gib
 from hotseat_pool_controller.decisions.tick import decide_tick
 from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
 from hotseat_pool_controller.model import NOTHING, Phase, PoolPolicy
@@ -70,7 +71,8 @@ class PoolRuntime:
         if snap.phase == Phase.UNKNOWN:
             await self._recovery.rebuild()
             return
-        self._announcer.observe(self.name, snap)
+        free = free_gib(snap, self.policy) if self.policy.has_capacity else None
+        self._announcer.observe(self.name, snap, free)
         if reap:
             for lease in await self._store.reap():
                 self._announcer.lease_expired(self.name, lease)

@@ -5,6 +5,7 @@ lost from what the drivers report (docs/adr/0005)."""
 from __future__ import annotations
 
 from hotseat_common.logging import get_logger
+from hotseat_pool_controller.decisions.capacity import decide_member_health, decide_member_lost
 from hotseat_pool_controller.decisions.recovery import (
     decide_rebuild,
     decide_resident_health,
@@ -12,7 +13,7 @@ from hotseat_pool_controller.decisions.recovery import (
 )
 from hotseat_pool_controller.decisions.start import next_epoch
 from hotseat_pool_controller.drivers.base import ResidencyDriver
-from hotseat_pool_controller.model import SERVING, Phase, PoolPolicy
+from hotseat_pool_controller.model import SERVING, Decision, Phase, PoolPolicy, PoolSnapshot
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.runtime.transitions import Transitions
 from hotseat_pool_controller.store.pool import PoolStore
@@ -39,6 +40,7 @@ class Recovery:
         self._policy: PoolPolicy = store.policy
         self._name = store.policy.name
         self._health_failures = 0
+        self._member_failures: dict[str, int] = {}
 
     async def rebuild(self) -> None:
         """The state is gone (Redis restarted empty) or was written on another server (a
@@ -54,12 +56,21 @@ class Recovery:
         await self._driver.fence(next_epoch(snap))
         loaded = await self._driver.residency()
         on_gpu = tuple(m for m, is_loaded in loaded.items() if is_loaded)
-        unhealthy = len(on_gpu) == 1 and not await self._driver.is_ready(on_gpu[0])
+        capacity = self._policy.has_capacity
+        unready = frozenset([m for m in on_gpu if not await self._driver.is_ready(m)])
+        unhealthy = not capacity and len(on_gpu) == 1 and on_gpu[0] in unready
         log.warning("pool_state_rebuilt", pool=self._name, loaded=loaded, unhealthy=unhealthy)
         self._announcer.relearned(self._name)
         relearn_ms = self._policy.lease_ttl_ms + RELEARN_MARGIN_MS
         await self._transitions.decide(
-            lambda s, _busy: decide_rebuild(s, on_gpu, unhealthy=unhealthy, relearn_ms=relearn_ms)
+            lambda s, _busy: decide_rebuild(
+                s,
+                on_gpu,
+                unhealthy=unhealthy,
+                relearn_ms=relearn_ms,
+                capacity=capacity,
+                unwell=unready if capacity else frozenset(),
+            )
         )
 
     async def check_resident(self, threshold: int = HEALTH_FAILURES_BEFORE_LOST) -> None:
@@ -67,6 +78,9 @@ class Recovery:
         unless it serves: then it is lost only if the driver confirms it gone (its leases
         revoked), else marked unhealthy until its leases end (docs/adr/0005)."""
         snap = await self._store.snapshot()
+        if self._policy.has_capacity:
+            await self._check_residents(snap, threshold)
+            return
         if snap.resident is None or snap.phase not in SERVING:
             self._health_failures = 0
             return
@@ -104,3 +118,43 @@ class Recovery:
         await self._transitions.decide(
             lambda s, _busy: decide_resident_health(s, resident, healthy=False)
         )
+
+    async def _check_residents(self, snap: PoolSnapshot, threshold: int) -> None:
+        """A capacity pool's residents, each checked: one that fails ``threshold`` checks
+        in a row leaves the set when it serves nothing, or when the driver confirms it
+        gone (its leases revoked); one that serves and cannot be proven gone stays."""
+        for member in sorted(snap.residents):
+            if await self._driver.is_ready(member):
+                self._member_failures.pop(member, None)
+                if member in snap.unwell:
+                    await self._health(member, healthy=True)
+                continue
+            failures = self._member_failures.get(member, 0) + 1
+            self._member_failures[member] = failures
+            if failures < threshold:
+                continue
+            self._member_failures.pop(member, None)
+            if not snap.serving(member):
+                reason, revoke = "health check failed", False
+            elif await self._driver.confirm_gone(member):
+                reason, revoke = "gone while serving: leases revoked", True
+            else:
+                if member not in snap.unwell:
+                    log.warning("resident_unhealthy", pool=self._name, member=member,
+                                leases=snap.live_leases(member))  # fmt: skip
+                    self._announcer.unhealthy(self._name, member)
+                await self._health(member, healthy=False)
+                continue
+            await self._lose(member, reason, revoke=revoke)
+
+    async def _health(self, member: str, *, healthy: bool) -> None:
+        def decide(snap: PoolSnapshot, _busy: bool | None) -> Decision:
+            return decide_member_health(snap, member, healthy=healthy)
+
+        await self._transitions.decide(decide)
+
+    async def _lose(self, member: str, reason: str, *, revoke: bool) -> None:
+        def decide(snap: PoolSnapshot, _busy: bool | None) -> Decision:
+            return decide_member_lost(snap, member, reason, revoke=revoke)
+
+        await self._transitions.decide(decide)

@@ -195,10 +195,14 @@ class SwapRunner:
         try:
             try:
                 async with asyncio.timeout(remaining):
-                    await self._unload_others(order, claim, tally)
+                    unloaded = await self._unload_others(order, claim, tally)
                     await self._unload_target_if_unwanted(order, claim)
                     decision = await self._step(
-                        lambda s: decide_begin_load(s, epoch, self._controller), "loading", tally
+                        lambda s: decide_begin_load(
+                            s, epoch, self._controller, self._policy, unloaded
+                        ),
+                        "loading",
+                        tally,
                     )
                     if decision.audit:  # cancelled: the demand left before the load began
                         result = "cancelled"
@@ -209,7 +213,9 @@ class SwapRunner:
                             await self._driver.load(order.target, epoch=epoch)
                         await self._restore(order, claim, tally)
                     await self._step(
-                        lambda s: decide_commit(s, epoch, self._controller), "ready", tally
+                        lambda s: decide_commit(s, epoch, self._controller, self._policy),
+                        "ready",
+                        tally,
                     )
                     result = "completed"
             except (TimeoutError, DriverError) as exc:
@@ -238,11 +244,21 @@ class SwapRunner:
             raise OwnershipLost
         return snap
 
-    async def _unload_others(self, order: SwapOrder, claim: _Claim, tally: _CacheTally) -> None:
-        others = [m for m in self._policy.members if m != order.target]
+    async def _unload_others(
+        self, order: SwapOrder, claim: _Claim, tally: _CacheTally
+    ) -> tuple[str, ...]:
+        """Unload every member but the target; in a capacity pool only the plan's evicts
+        (as the state names them, the target too when a loss left it unconfirmed; a
+        takeover in ``loading`` finds them confirmed gone), never a resident
+        (docs/adr/0008)."""
         snap = await self._still_owner(order)
+        if self._policy.has_capacity:
+            others = list(snap.evicts)
+        else:
+            others = [m for m in self._policy.members if m != order.target]
         async with claim.driving():
             await asyncio.gather(*(self._save_then_unload(m, snap, order, tally) for m in others))
+        return tuple(others)
 
     async def _save_then_unload(
         self, member: str, snap: PoolSnapshot, order: SwapOrder, tally: _CacheTally

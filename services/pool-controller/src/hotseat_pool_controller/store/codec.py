@@ -24,6 +24,12 @@ The ``state`` hash, per pool (docs/adr/0001 has the meaning of each field):
     swap       the id of the swap in flight, or of the last one (kept through a takeover)
     cause      the request id of the request that set the pool draining toward its target
     loading    when the swap in flight began its load (ms)
+    residents  a capacity pool's residency set, comma-separated (docs/adr/0008)
+    evicts     the members a capacity pool's plan in flight unloads, comma-separated
+    unwell     a capacity pool's residents that fail their health checks while they
+               serve (no new lease for them), comma-separated
+    used.<m>   when member ``m`` was last loaded (the commit) or released its last lease
+               (ms; the release script writes it, no ``version`` move)
 
 All times are on Redis's clock. A lease's record in ``lease-meta`` is the JSON object
 ``{member, attempt, request_id, router, epoch}`` (``adopted`` when a renewal wrote it back).
@@ -93,6 +99,9 @@ def set_state(
     swap_id: str | _Keep | None = KEEP,
     cause: str | _Keep | None = KEEP,
     loading_ms: int | _Keep | None = KEEP,
+    residents: frozenset[str] | _Keep = KEEP,
+    evicts: tuple[str, ...] | _Keep = KEEP,
+    unwell: frozenset[str] | _Keep = KEEP,
     bump: bool = True,
 ) -> SetState:
     """A change of some fields of the pool state (named as :class:`PoolSnapshot` names
@@ -117,9 +126,29 @@ def set_state(
         "swap": swap_id,
         "cause": cause,
         "loading": loading_ms,
+        "residents": KEEP if isinstance(residents, _Keep) else ",".join(sorted(residents)),
+        "evicts": KEEP if isinstance(evicts, _Keep) else ",".join(evicts),
+        "unwell": KEEP if isinstance(unwell, _Keep) else ",".join(sorted(unwell)),
     }
     fields = {name: _encode(value) for name, value in values.items() if value is not KEEP}
     return SetState(fields, bump=bump)
+
+
+def used_field(member: str) -> str:
+    """The state field that records when ``member`` was last loaded or used."""
+    return f"{USED_PREFIX}{member}"
+
+
+USED_PREFIX = "used."
+
+
+def _members(text: str | None) -> tuple[str, ...]:
+    return tuple(m for m in (text or "").split(",") if m)
+
+
+def mark_used(member: str, now_ms: int) -> SetState:
+    """Record that ``member`` was loaded or used just now (least recently used order)."""
+    return SetState({used_field(member): str(now_ms)}, bump=False)
 
 
 def owned_by(epoch: int, controller: str) -> Mapping[str, str]:
@@ -209,6 +238,14 @@ def decode_snapshot(raw: Mapping[str, Any]) -> PoolSnapshot:
             else None
         ),
         attempt_waiting=any(int(m.get("waiting", 0)) for m in members),
+        residents=frozenset(_members(state.get("residents"))),
+        evicts=_members(state.get("evicts")),
+        unwell=frozenset(_members(state.get("unwell"))),
+        used={
+            k.removeprefix(USED_PREFIX): int(v)
+            for k, v in state.items()
+            if k.startswith(USED_PREFIX) and v
+        },
     )
 
 

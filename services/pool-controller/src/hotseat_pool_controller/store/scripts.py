@@ -155,11 +155,14 @@ RENEW = (
 -- ARGV: lease id, ttl ms, member, lease epoch, attempt, request id, router, store id
 -- Returns {1, shareable} renewed (or adopted), {0} gone, {-1} cannot tell (state unknown).
 local st = redis.call('HMGET', KEYS[2], 'phase', 'resident', 'epoch', 'store', 'relearn',
-                      'unhealthy', 'closed')
+                      'unhealthy', 'closed', 'residents', 'unwell')
+-- A capacity pool's residency set (docs/adr/0008): its members are residents too.
+local in_set = string.find(',' .. (st[8] or '') .. ',', ',' .. ARGV[3] .. ',', 1, true) ~= nil
 -- A resident in doubt (unhealthy) or closed to new requests (maxWait): the router keeps
 -- the lease for the requests on it but shares it with no new one.
 local shareable = 1
 if st[2] == ARGV[3] and ((st[6] or '') ~= '' or (st[7] or '') ~= '') then shareable = 0 end
+if string.find(',' .. (st[9] or '') .. ',', ',' .. ARGV[3] .. ',', 1, true) then shareable = 0 end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score and tonumber(score) > now then
   redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
@@ -169,8 +172,8 @@ if not st[1] or (ARGV[8] ~= '' and (st[4] or '') ~= ARGV[8]) then return {-1} en
 -- A lease the store forgot (it restarted, or failed over, and is relearning who is busy):
 -- the resident's lease, issued no later than the state's epoch, is written back.
 -- A cleared field reads as '' and tonumber('') is nil: both count as 0.
-local serving = st[1] == 'idle' or st[1] == 'draining'
-if serving and st[2] == ARGV[3] and (tonumber(st[5] or '') or 0) > now
+local serving = ((st[1] == 'idle' or st[1] == 'draining') and st[2] == ARGV[3]) or in_set
+if serving and (tonumber(st[5] or '') or 0) > now
     and tonumber(ARGV[4]) <= (tonumber(st[3] or '') or 0) then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
   local meta = {member = ARGV[3], attempt = ARGV[5], request_id = ARGV[6], router = ARGV[7],
@@ -191,7 +194,8 @@ RELEASE = (
 -- Returns {removed, live leases left on the member, phase, live waiters for the other
 -- members, unhealthy} so the caller wakes the supervisor only when the release can move
 -- the pool (the member's own waiters are granted when they ask again, not by a release).
--- The resident's last release is recorded (``released``: idleness is measured from it).
+-- The resident's last release is recorded (``released``: idleness is measured from it),
+-- and every member's (``used.<member>``: a capacity pool's recency and idleness).
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 local meta = redis.call('HGET', KEYS[2], ARGV[1])
 if meta then
@@ -204,9 +208,14 @@ end
 local left = redis.call('ZCOUNT', KEYS[1], since, '+inf')
 local waiters = 0
 for i = 5, #KEYS do waiters = waiters + redis.call('ZCOUNT', KEYS[i], since, '+inf') end
-local st = redis.call('HMGET', KEYS[4], 'phase', 'unhealthy', 'resident')
+local st = redis.call('HMGET', KEYS[4], 'phase', 'unhealthy', 'resident', 'unwell')
+if string.find(',' .. (st[4] or '') .. ',', ',' .. ARGV[2] .. ',', 1, true) then st[2] = '1' end
 if removed == 1 and left == 0 and st[3] == ARGV[2] then
   redis.call('HSET', KEYS[4], 'released', now)
+end
+if removed == 1 and left == 0 and redis.call('EXISTS', KEYS[4]) == 1 then
+  -- A capacity pool evicts the least recently used idle member first (docs/adr/0008).
+  redis.call('HSET', KEYS[4], 'used.' .. ARGV[2], now)
 end
 return {removed, left, st[1] or '', waiters, st[2] or ''}
 """
@@ -270,9 +279,19 @@ GRANT_FAST = (
 -- Exactly the grant branch of decisions.acquire; anything else answers 0 and the
 -- caller takes the general path (snapshot, pure decision, compare-and-apply).
 local st = redis.call('HMGET', KEYS[1], 'phase', 'resident', 'epoch', 'unhealthy', 'store',
-                      'closed')
-if (st[1] ~= 'idle' and st[1] ~= 'draining') or st[2] ~= ARGV[1] then return {0} end
-if (st[4] or '') ~= '' or (st[6] or '') ~= '' then return {0} end
+                      'closed', 'residents', 'unwell')
+-- A capacity pool (docs/adr/0008): a member of the residency set (and not unwell) is
+-- granted in every phase (a plan loading another member takes nothing from it; the
+-- members a plan evicts left the set when it started).
+local in_set = (st[7] or '') ~= ''
+  and string.find(',' .. st[7] .. ',', ',' .. ARGV[1] .. ',', 1, true) ~= nil
+  and string.find(',' .. (st[8] or '') .. ',', ',' .. ARGV[1] .. ',', 1, true) == nil
+if not in_set then
+  if (st[1] ~= 'idle' and st[1] ~= 'draining') or st[2] ~= ARGV[1] then return {0} end
+  if (st[4] or '') ~= '' or (st[6] or '') ~= '' then return {0} end
+elseif st[1] == 'unknown' or not st[1] then
+  return {0}
+end
 if ARGV[7] ~= '' and (st[5] or '') ~= ARGV[7] then return {0} end
 if redis.call('HGET', KEYS[4], ARGV[4]) then return {0} end
 if redis.call('EXISTS', KEYS[6]) == 1 then return {0} end

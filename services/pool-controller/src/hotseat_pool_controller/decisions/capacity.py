@@ -1,0 +1,549 @@
+"""Capacity pools (docs/adr/0008): the residency set, and the plan that changes it.
+
+A capacity pool keeps a *residency set* (the members loaded and serving) within its
+memory, and at most one *plan* in flight: the members it evicts (unloading) and the member
+it loads, under one epoch, owner and heartbeat, exactly as a one-resident pool keeps its
+swap (the same runner, takeover and fencing; docs/adr/0005). The decisions here are pure
+functions of a snapshot; the acquire, tick and admin decisions call them when the pool
+has a capacity.
+
+- A member of the set is granted at once, in every phase.
+- A member being loaded or evicted: the request waits, in both modes.
+- A member absent, no plan in flight: if it fits in the free memory the plan evicts
+  nothing; otherwise it evicts idle members (no live lease, no waiter just granted),
+  never pinned ones, cheapest first (expected reload time, then least recently used), and
+  only as many as needed. If no idle set frees enough, the pool drains toward it: Wait
+  holds, IfIdle is told ``incumbent_busy`` at once.
+- Never over capacity: the plan's evicts leave the set when it starts and are confirmed
+  gone before its load begins; the load that starts fits beside the set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hotseat_common.config.model import PoolActivation
+from hotseat_common.errors import ErrorCode
+from hotseat_common.messages import (
+    ErrorReply,
+    IncumbentBusyReply,
+    PoolOutcome,
+    SwapReason,
+    WaitReason,
+    WaitReply,
+)
+from hotseat_pool_controller.decisions.hold import (
+    hold,
+    over_budget,
+    queue_full,
+    retry_after_s,
+    waiter_cap,
+    withdraw,
+)
+from hotseat_pool_controller.decisions.schedule import most_urgent, swap_s
+from hotseat_pool_controller.decisions.start import next_epoch
+from hotseat_pool_controller.model import (
+    IN_FLIGHT,
+    NOTHING,
+    AcquireAsk,
+    AddWaiter,
+    AuditIntent,
+    Decision,
+    Op,
+    Phase,
+    PoolPolicy,
+    PoolSnapshot,
+    Preconditions,
+    Reply,
+    RevokeLeases,
+    SwapOrder,
+)
+from hotseat_pool_controller.store.codec import mark_used, set_state
+
+EPSILON_GIB = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What loading a member takes: the residents it evicts (none when it fits)."""
+
+    target: str | None
+    evicts: tuple[str, ...]
+
+    @property
+    def reason(self) -> SwapReason:
+        return SwapReason.EVICT_IDLE if self.evicts else SwapReason.FITS
+
+
+# --- memory -------------------------------------------------------------------------
+
+
+def held_gib(snap: PoolSnapshot, policy: PoolPolicy) -> float:
+    """The memory the members may hold right now: resident, still to confirm gone (being
+    evicted, or left by a failed plan or a loss), or loading (a plan's target loads only
+    once its evicts are gone: in ``unloading`` it holds nothing yet)."""
+    members = set(snap.residents) | set(snap.evicts)
+    if snap.phase == Phase.LOADING and snap.target:
+        members.add(snap.target)
+    return sum(policy.gib(m) for m in members)
+
+
+def free_gib(snap: PoolSnapshot, policy: PoolPolicy) -> float:
+    return (policy.capacity_gib or 0.0) - held_gib(snap, policy)
+
+
+def member_idle(snap: PoolSnapshot, policy: PoolPolicy, member: str) -> bool:
+    """No live lease (nor any the store may be relearning), and no waiter that is
+    re-asking right after it was loaded or used (a stray waiter of a dead router, long
+    after, does not pin it)."""
+    if snap.serving(member):
+        return False
+    recently = snap.now_ms - snap.used.get(member, 0) < policy.waiter_grace_ms
+    return not (snap.live_waiters(member) > 0 and recently)
+
+
+def reload_cost_s(snap: PoolSnapshot, member: str) -> int:
+    """A member's expected reload time in whole seconds, rounded up (its measured swaps;
+    unmeasured counts as free): measurements a few milliseconds apart are the same cost,
+    and recency decides between them."""
+    return math.ceil(swap_s(snap, member) or 0.0)
+
+
+def eviction_order(snap: PoolSnapshot, policy: PoolPolicy) -> list[str]:
+    """The residents that may be evicted now, cheapest first: the shortest expected
+    reload (:func:`reload_cost_s`), then least recently used."""
+    candidates = [
+        m
+        for m in snap.residents
+        if m not in policy.pinned and m != policy.default and member_idle(snap, policy, m)
+    ]
+    return sorted(candidates, key=lambda m: (reload_cost_s(snap, m), snap.used.get(m, 0), m))
+
+
+def make_plan(snap: PoolSnapshot, policy: PoolPolicy, target: str) -> Plan | None:
+    """The plan that loads ``target`` now (no plan is in flight): nothing evicted when it
+    fits, else idle members in eviction order, only as many as needed; ``None`` when no
+    idle set frees enough (busy members would have to go: the pool drains)."""
+    need = policy.gib(target)
+    # Members still to confirm gone (left by a failed plan or a loss) serve nothing: every
+    # plan unloads them first (start_plan), so their memory is free for its load.
+    free = (policy.capacity_gib or 0.0) - sum(policy.gib(m) for m in snap.residents)
+    if need <= free + EPSILON_GIB:
+        return Plan(target, ())
+    chosen: list[str] = []
+    for member in eviction_order(snap, policy):
+        chosen.append(member)
+        free += policy.gib(member)
+        if need <= free + EPSILON_GIB:
+            break
+    else:
+        return None
+    # Only as many as needed: a cheap member taken early may be spared by a larger one.
+    for member in list(chosen[:-1]):
+        if need <= free - policy.gib(member) + EPSILON_GIB:
+            chosen.remove(member)
+            free -= policy.gib(member)
+    return Plan(target, tuple(chosen))
+
+
+# --- starting a plan ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStart:
+    ops: tuple[Op, ...]
+    guard: Preconditions
+    order: SwapOrder
+    audit: AuditIntent
+
+    def decision(
+        self,
+        reply: Reply | None = None,
+        *,
+        also: tuple[Op, ...] = (),
+        pre: Preconditions | None = None,
+    ) -> Decision:
+        return Decision(
+            reply=reply,
+            ops=(*self.ops, *also),
+            pre=pre or self.guard,
+            swap=self.order,
+            audit=(self.audit,),
+        )
+
+    def wait_reply(self, snap: PoolSnapshot) -> WaitReply:
+        return WaitReply(
+            reason=WaitReason.SWAP_IN_FLIGHT,
+            target=self.order.target or None,
+            epoch=self.order.epoch,
+            retry_after_s=retry_after_s(snap),
+        )
+
+
+def start_plan(
+    snap: PoolSnapshot,
+    policy: PoolPolicy,
+    controller: str,
+    plan: Plan,
+    *,
+    reason: SwapReason | None = None,
+    forced: bool = False,
+) -> PlanStart:
+    """The plan in flight from now: its evicts leave the residency set (no new lease for
+    them), under a new epoch owned by ``controller``, on the condition that the state did
+    not move and the evicts still have no live lease."""
+    epoch = next_epoch(snap)
+    unload_only = plan.target is None
+    # Members a failed plan or a loss left unconfirmed are unloaded by this one first (its
+    # own target too: a member lost while stalled is stopped before it is loaded afresh).
+    leftovers = tuple(m for m in snap.evicts if m not in plan.evicts)
+    plan = Plan(plan.target, (*plan.evicts, *leftovers))
+    state = set_state(
+        phase=Phase.UNLOADING,
+        target=plan.target,
+        from_member=plan.evicts[0] if plan.evicts else None,
+        residents=snap.residents - set(plan.evicts),
+        evicts=plan.evicts,
+        epoch=epoch,
+        owner=controller,
+        heartbeat_ms=snap.now_ms + policy.heartbeat_ttl_ms,
+        started_ms=snap.now_ms,
+        deadline_ms=snap.now_ms + policy.swap_timeout_ms,
+        forced=forced or unload_only,
+        parked=unload_only and reason == SwapReason.ADMIN_UNLOAD,
+        closed=False,
+    )
+    guard = Preconditions(version=snap.version, zero_leases=plan.evicts)
+    audit = AuditIntent(
+        PoolOutcome.SWAP_STARTED,
+        member=plan.target or (plan.evicts[0] if plan.evicts else None),
+        from_member=plan.evicts[0] if plan.evicts else None,
+        to_member=plan.target,
+        epoch=epoch,
+        reason=reason or plan.reason,
+        evicts=plan.evicts,
+    )
+    order = SwapOrder(
+        target=plan.target or "",
+        epoch=epoch,
+        from_member=plan.evicts[0] if plan.evicts else None,
+        evicts=plan.evicts,
+    )
+    return PlanStart((state,), guard, order, audit)
+
+
+# --- acquire ------------------------------------------------------------------------
+
+
+def decide_capacity_acquire(  # noqa: PLR0911 - one answer per case of the set
+    snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy, controller: str, grant: Decision
+) -> Decision:
+    """One acquire in a capacity pool (``grant``: the decision that grants it)."""
+    member = ask.member
+    if member in snap.residents:
+        return _for_resident(snap, ask, policy, grant)
+    if snap.phase in IN_FLIGHT:
+        if member == snap.target or member in snap.evicts:
+            return hold(snap, ask, policy, WaitReason.SWAP_IN_FLIGHT, target=snap.target)
+        if ask.mode == PoolActivation.IF_IDLE and not _fits_after_plan(snap, policy, member):
+            return _busy(snap, ask)
+        return hold(snap, ask, policy, WaitReason.SWAP_IN_FLIGHT, target=snap.target)
+    first = snap.target
+    if (
+        snap.phase == Phase.DRAINING
+        and first is not None
+        and first != member
+        and snap.live_waiters(first) > 0
+    ):
+        return _behind_drain(snap, ask, policy, controller, first)
+    plan = make_plan(snap, policy, member)
+    if plan is None:
+        if ask.mode == PoolActivation.IF_IDLE:
+            return _busy(snap, ask)
+        also: tuple[Op, ...] = ()
+        if snap.phase != Phase.DRAINING or snap.target != member:
+            also = (set_state(phase=Phase.DRAINING, target=member),)
+        return hold(snap, ask, policy, WaitReason.DRAINING, target=member, also=also)
+    return _hold_with(snap, ask, policy, start_plan(snap, policy, controller, plan))
+
+
+def _for_resident(
+    snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy, grant: Decision
+) -> Decision:
+    """Granted at once, unless it stopped answering while it serves: IfIdle goes
+    elsewhere, Wait holds until it answers again or is replaced (docs/adr/0005 point 4,
+    per member)."""
+    if ask.member not in snap.unwell:
+        return grant
+    if ask.mode == PoolActivation.IF_IDLE:
+        return _busy(snap, ask)
+    return hold(snap, ask, policy, WaitReason.RECOVERING, target=ask.member)
+
+
+def _behind_drain(
+    snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy, controller: str, first: str
+) -> Decision:
+    """The pool drains toward ``first``, whose waiters came first: its plan starts now if
+    it can, and this request waits behind it (IfIdle only when it will fit beside it,
+    else it is told busy at once, ADR 0005 point 7)."""
+    plan = make_plan(snap, policy, first)
+    if plan is None:
+        if ask.mode == PoolActivation.IF_IDLE:
+            return _busy(snap, ask)
+        return hold(snap, ask, policy, WaitReason.DRAINING, target=first)
+    start = start_plan(snap, policy, controller, plan)
+    if ask.mode == PoolActivation.IF_IDLE and not _fits_beside(snap, policy, plan, ask.member):
+        busy = IncumbentBusyReply(resident=first, retry_after_s=retry_after_s(snap))
+        return start.decision(busy, also=withdraw(snap, ask))
+    return _hold_with(snap, ask, policy, start)
+
+
+def _hold_with(
+    snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy, start: PlanStart
+) -> Decision:
+    """Start the plan, and hold the request as a waiter for its member."""
+    if (full := queue_full(snap, policy)) is not None:
+        return Decision(reply=full)
+    if (late := over_budget(snap, ask, policy)) is not None:
+        return late
+    return start.decision(
+        start.wait_reply(snap),
+        also=(AddWaiter(ask.member, ask.attempt, ask.deadline_ms, ask.urgency_ms(policy)),),
+        pre=waiter_cap(snap, policy, start.guard),
+    )
+
+
+def _fits_after_plan(snap: PoolSnapshot, policy: PoolPolicy, member: str) -> bool:
+    """Once the plan in flight commits, ``member`` fits without evicting anything."""
+    after = held_gib(snap, policy) + policy.gib(member)
+    if snap.phase == Phase.UNLOADING:
+        after += policy.gib(snap.target) - sum(policy.gib(m) for m in snap.evicts)
+    return after <= (policy.capacity_gib or 0.0) + EPSILON_GIB
+
+
+def _fits_beside(snap: PoolSnapshot, policy: PoolPolicy, plan: Plan, member: str) -> bool:
+    """After ``plan``, ``member`` fits without evicting anything."""
+    held = sum(policy.gib(m) for m in snap.residents if m not in plan.evicts)
+    held += policy.gib(plan.target)
+    return policy.gib(member) + held <= (policy.capacity_gib or 0.0) + EPSILON_GIB
+
+
+def _busy(snap: PoolSnapshot, ask: AcquireAsk) -> Decision:
+    """IfIdle: the memory it needs is (or is about to be) busy; skip at once."""
+    busiest = max(sorted(snap.residents), key=snap.live_leases, default=None)
+    return Decision(
+        reply=IncumbentBusyReply(resident=busiest, retry_after_s=retry_after_s(snap)),
+        ops=withdraw(snap, ask),
+    )
+
+
+# --- tick ---------------------------------------------------------------------------
+
+
+def decide_capacity_tick(  # noqa: PLR0911 - one move per state of the set
+    snap: PoolSnapshot, policy: PoolPolicy, controller: str
+) -> Decision:
+    """Move a capacity pool forward without a request (no plan in flight): the most urgent
+    absent member's plan, or drain toward it; else warm the pinned and default members,
+    and unload residents idle for their ``idleUnloadAfter``."""
+    for member in sorted(snap.unwell):
+        if not snap.serving(member):  # its last lease ended: now it can be recovered
+            return decide_member_lost(snap, member, "unhealthy, and its last lease ended")
+    demand = most_urgent(snap, among=_absent(snap, policy))
+    if snap.phase == Phase.DRAINING and (
+        snap.target is None or snap.live_waiters(snap.target) == 0 or demand != snap.target
+    ):
+        return _retarget(snap, demand)
+    if demand is not None:
+        plan = make_plan(snap, policy, demand)
+        if plan is not None:
+            return start_plan(snap, policy, controller, plan).decision()
+        if snap.phase == Phase.IDLE:
+            return Decision(
+                ops=(set_state(phase=Phase.DRAINING, target=demand),),
+                pre=Preconditions(version=snap.version),
+            )
+        return NOTHING
+    if (warm := _warm(snap, policy, controller)) is not None:
+        return warm
+    if snap.evicts:  # left over by a failed plan: unloaded before anything else loads
+        return start_plan(snap, policy, controller, Plan(None, ())).decision()
+    return _idle_unload(snap, policy, controller)
+
+
+def _absent(snap: PoolSnapshot, policy: PoolPolicy) -> frozenset[str]:
+    return frozenset(policy.members) - snap.residents
+
+
+def _retarget(snap: PoolSnapshot, demand: str | None) -> Decision:
+    if demand is not None:
+        return Decision(ops=(set_state(target=demand),), pre=Preconditions(version=snap.version))
+    return Decision(
+        ops=(set_state(phase=Phase.IDLE, target=None),),
+        pre=Preconditions(version=snap.version, zero_waiters=(snap.target,) if snap.target else ()),
+        audit=(
+            AuditIntent.of_swap(
+                PoolOutcome.SWAP_CANCELLED,
+                snap.target,
+                None,
+                snap.epoch,
+                "demand_gone_while_draining",
+            ),
+        ),
+    )
+
+
+def _warm(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> Decision | None:
+    """The pinned members and the default are kept resident (loaded at start, and again
+    after a loss), unless an admin unloaded the pool."""
+    if snap.parked:
+        return None
+    wanted = sorted(policy.pinned | ({policy.default} if policy.default else set()))
+    for member in wanted:
+        if member in snap.residents or snap.failures.get(member, 0) > 0:
+            continue
+        plan = make_plan(snap, policy, member)
+        if plan is not None:
+            return start_plan(
+                snap, policy, controller, plan, reason=SwapReason.WARM_DEFAULT, forced=True
+            ).decision()
+    return None
+
+
+def _idle_unload(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> Decision:
+    """Residents that served nothing for their ``idleUnloadAfter`` are unloaded (never a
+    pinned member or the default)."""
+    due = tuple(
+        sorted(
+            m
+            for m in snap.residents
+            if m in policy.idle_unload_ms
+            and m not in policy.pinned
+            and m != policy.default
+            and member_idle(snap, policy, m)
+            and snap.live_waiters(m) == 0
+            and snap.now_ms - snap.used.get(m, 0) >= policy.idle_unload_ms[m]
+        )
+    )
+    if not due:
+        return NOTHING
+    return start_plan(
+        snap, policy, controller, Plan(None, due), reason=SwapReason.IDLE_UNLOAD
+    ).decision()
+
+
+# --- admin --------------------------------------------------------------------------
+
+
+def decide_capacity_admin_swap(
+    snap: PoolSnapshot, member: str, controller: str, policy: PoolPolicy
+) -> Decision:
+    """An operator loads ``member``, evicting idle members as a request would (refused
+    when only busy ones could make room)."""
+    if member in snap.residents:
+        return Decision(
+            reply=WaitReply(
+                reason=WaitReason.SWAP_IN_FLIGHT, target=None, epoch=snap.epoch, retry_after_s=0
+            )
+        )
+    plan = make_plan(snap, policy, member)
+    if plan is None:
+        return Decision(
+            reply=ErrorReply(
+                code=ErrorCode.INCUMBENT_BUSY,
+                message=f"{member} needs {policy.gib(member):g} GiB and only busy or pinned"
+                " members could make room",
+            )
+        )
+    start = start_plan(snap, policy, controller, plan, reason=SwapReason.ADMIN, forced=True)
+    return start.decision(start.wait_reply(snap))
+
+
+def decide_capacity_admin_unload(
+    snap: PoolSnapshot, controller: str, policy: PoolPolicy
+) -> Decision:
+    """An operator empties the pool: every resident is unloaded (pinned ones too), then it
+    stays cold until demand; refused while any of them serves."""
+    busy = sorted(m for m in snap.residents if snap.serving(m))
+    if busy:
+        return Decision(
+            reply=ErrorReply(
+                code=ErrorCode.INCUMBENT_BUSY,
+                message=f"{', '.join(busy)} may still serve (live leases)",
+            )
+        )
+    start = start_plan(
+        snap,
+        policy,
+        controller,
+        Plan(None, tuple(sorted(snap.residents))),
+        reason=SwapReason.ADMIN_UNLOAD,
+    )
+    return start.decision(start.wait_reply(snap))
+
+
+# --- the plan's end -----------------------------------------------------------------
+
+
+def commit_ops(snap: PoolSnapshot) -> tuple[Op, ...]:
+    """A plan's commit: its target joins the set (recorded as just used). What is still
+    listed to unload (a member lost during the plan) stays listed."""
+    residents = snap.residents | ({snap.target} if snap.target else set())
+    ops: list[Op] = [set_state(residents=residents)]
+    if snap.target:
+        ops.append(mark_used(snap.target, snap.now_ms))
+    return tuple(ops)
+
+
+def evicts_left(snap: PoolSnapshot, unloaded: tuple[str, ...]) -> tuple[str, ...]:
+    """The members still to confirm gone once ``unloaded`` were (a member lost while the
+    plan ran was listed after the runner read its evicts)."""
+    return tuple(m for m in snap.evicts if m not in unloaded)
+
+
+def plan_failed_state(snap: PoolSnapshot) -> tuple[Op, ...]:
+    """A failed plan: the set keeps its members; every member still listed to unload and
+    its target (its load may have begun, its unload may have failed) stay counted until a
+    later plan confirms them gone."""
+    owed = list(snap.evicts)
+    if snap.target and snap.target not in owed:
+        owed.append(snap.target)
+    return (set_state(evicts=tuple(owed)),)
+
+
+def decide_member_lost(
+    snap: PoolSnapshot, member: str, reason: str, *, revoke: bool = False
+) -> Decision:
+    """A resident of a capacity pool is dead out of band: it leaves the set. Never while
+    it serves, unless the driver confirmed it gone (``revoke``: its leases are dropped)."""
+    if member not in snap.residents:
+        return NOTHING
+    if snap.serving(member) and not revoke:
+        return NOTHING
+    # Not proven gone, it may still hold its memory: it stays counted, and the next plan
+    # unloads it (confirms it gone) before anything loads in its place.
+    evicts = snap.evicts if revoke else (*snap.evicts, member)
+    ops: tuple[Op, ...] = (
+        set_state(
+            residents=snap.residents - {member}, evicts=evicts, unwell=snap.unwell - {member}
+        ),
+    )
+    if revoke:
+        ops = (*ops, RevokeLeases(member))
+    return Decision(
+        ops=ops,
+        pre=Preconditions(version=snap.version, zero_leases=() if revoke else (member,)),
+        audit=(
+            AuditIntent(PoolOutcome.RESIDENT_LOST, member=member, epoch=snap.epoch, reason=reason),
+        ),
+    )
+
+
+def decide_member_health(snap: PoolSnapshot, member: str, *, healthy: bool) -> Decision:
+    """Mark (or clear) a resident of a capacity pool that fails its health checks while it
+    serves: no new lease for it until it answers again or its last lease ends."""
+    if member not in snap.residents or (member in snap.unwell) is not healthy:
+        return NOTHING
+    unwell = snap.unwell - {member} if healthy else snap.unwell | {member}
+    return Decision(ops=(set_state(unwell=unwell),), pre=Preconditions(version=snap.version))

@@ -1,0 +1,287 @@
+"""Capacity pools as pure decisions (docs/adr/0008), no I/O: a residency set within a
+memory budget, one plan in flight, evicting only idle members, cheapest first."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from hotseat_common.config.model import BusySignal, PoolActivation
+from hotseat_common.messages import (
+    ErrorReply,
+    Granted,
+    IncumbentBusyReply,
+    PoolOutcome,
+    SwapReason,
+    WaitReason,
+    WaitReply,
+)
+from hotseat_pool_controller.decisions.acquire import decide_acquire
+from hotseat_pool_controller.decisions.admin import decide_admin_swap
+from hotseat_pool_controller.decisions.capacity import (
+    decide_member_lost,
+    eviction_order,
+    free_gib,
+    make_plan,
+)
+from hotseat_pool_controller.decisions.swap import decide_begin_load, decide_commit, decide_fail
+from hotseat_pool_controller.decisions.tick import decide_tick
+from hotseat_pool_controller.model import (
+    AcquireAsk,
+    AddWaiter,
+    Decision,
+    Phase,
+    PoolPolicy,
+    PoolSnapshot,
+    SetState,
+)
+
+NOW = 1_000_000
+ME = "ctl-1"
+POLICY = PoolPolicy(
+    name="gpu0",
+    members=("assistant", "embedder", "reranker", "coder"),
+    max_waiters=10,
+    lease_ttl_ms=15_000,
+    swap_timeout_ms=600_000,
+    failure_backoff_ms=5_000,
+    busy_signal=BusySignal.LEASES,
+    default=None,
+    waiter_grace_ms=5_000,
+    capacity_gib=24.0,
+    memory_gib={"assistant": 6.0, "embedder": 4.0, "reranker": 4.0, "coder": 20.0},
+)
+WAIT = PoolActivation.WAIT
+IF_IDLE = PoolActivation.IF_IDLE
+LONG_AGO = NOW - 60_000
+
+
+def snap(**fields: object) -> PoolSnapshot:
+    base: dict[str, object] = {"now_ms": NOW, "phase": Phase.IDLE, "epoch": 7, "version": 3}
+    base.update(fields)
+    return PoolSnapshot(**base)  # type: ignore[arg-type]
+
+
+def ask(member: str, mode: PoolActivation = WAIT, attempt: str = "r1") -> AcquireAsk:
+    return AcquireAsk(member, mode, attempt, "client-1", "router-a", NOW + 300_000, "lease-new")
+
+
+def state_of(decision: Decision) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for op in decision.ops:
+        if isinstance(op, SetState):
+            fields.update(op.fields)
+    return fields
+
+
+def test_a_resident_is_granted_while_a_plan_loads_another_member() -> None:
+    """The set serves throughout a plan: no drain, no wait for the residents."""
+    s = snap(
+        phase=Phase.LOADING,
+        residents=frozenset({"assistant", "embedder"}),
+        target="reranker",
+        owner="ctl-2",
+    )
+    d = decide_acquire(s, ask("embedder"), POLICY, ME)
+    assert isinstance(d.reply, Granted)
+    assert d.swap is None
+
+
+@pytest.mark.parametrize("mode", [WAIT, IF_IDLE])
+def test_a_member_that_fits_loads_without_evicting_anything(mode: PoolActivation) -> None:
+    s = snap(residents=frozenset({"assistant", "embedder"}), leases={"assistant": 3})
+    d = decide_acquire(s, ask("reranker", mode), POLICY, ME)
+    assert isinstance(d.reply, WaitReply)
+    assert d.swap is not None
+    assert d.swap.evicts == ()
+    fields = state_of(d)
+    assert fields["phase"] == "unloading"
+    assert fields["residents"] == "assistant,embedder"
+    assert d.audit[0].reason == SwapReason.FITS
+    assert any(isinstance(op, AddWaiter) for op in d.ops)
+
+
+def test_only_enough_idle_members_are_evicted_cheapest_first() -> None:
+    """coder (20 GiB) needs 20 of 24: the idle members go, cheapest reload first, then
+    least recently used; a busy member is never evicted, and only as many as needed."""
+    residents = frozenset({"embedder", "reranker"})
+    s = snap(
+        residents=residents,
+        used={"embedder": NOW - 10_000, "reranker": NOW - 20_000},
+        member_swap_times={"embedder": (0.9,), "reranker": (0.8,)},
+    )
+    # Within the same whole second of reload: least recently used first.
+    assert eviction_order(s, POLICY) == ["reranker", "embedder"]
+    plan = make_plan(s, POLICY, "coder")
+    assert plan is not None
+    assert plan.evicts == ("reranker",)  # 24 - 8 + 4 = 20: one is enough
+    slow = replace(s, member_swap_times={"embedder": (1.0,), "reranker": (2.5,)})
+    assert eviction_order(slow, POLICY) == ["embedder", "reranker"]  # cheaper reload first
+    plan = make_plan(slow, POLICY, "coder")
+    assert plan is not None
+    assert plan.evicts == ("embedder",)
+
+
+def test_a_larger_member_spares_a_cheap_one_it_does_not_need() -> None:
+    """Greedy order takes the cheap 4 GiB member first, then the 6 GiB one; the 6 GiB one
+    alone was enough, so the cheap one stays."""
+    s = snap(
+        residents=frozenset({"assistant", "embedder", "reranker"}),
+        member_swap_times={"embedder": (0.5,), "assistant": (2.0,), "reranker": (3.0,)},
+        leases={"reranker": 1},
+    )
+    policy = replace(POLICY, memory_gib={**POLICY.memory_gib, "coder": 16.0})
+    # Held 14, free 10; coder needs 16: 6 more. embedder (4) is not enough; assistant (6) is.
+    plan = make_plan(s, policy, "coder")
+    assert plan is not None
+    assert plan.evicts == ("assistant",)
+
+
+def test_busy_and_pinned_members_are_never_evicted() -> None:
+    s = snap(residents=frozenset({"assistant", "embedder"}), leases={"assistant": 1})
+    pinned = replace(POLICY, pinned=frozenset({"embedder"}))
+    assert eviction_order(s, pinned) == []
+    assert make_plan(s, pinned, "coder") is None
+
+
+def test_when_only_busy_members_could_make_room_wait_holds_and_if_idle_skips() -> None:
+    s = snap(residents=frozenset({"assistant", "embedder"}), leases={"assistant": 2})
+    held = decide_acquire(s, ask("coder"), POLICY, ME)
+    assert isinstance(held.reply, WaitReply)
+    assert held.reply.reason == WaitReason.DRAINING
+    assert held.swap is None
+    assert state_of(held) == {"phase": "draining", "target": "coder"}
+    skipped = decide_acquire(s, ask("coder", IF_IDLE), POLICY, ME)
+    assert isinstance(skipped.reply, IncumbentBusyReply)
+    assert skipped.reply.resident == "assistant"
+    assert not skipped.ops
+
+
+def test_a_resident_with_a_waiter_just_loaded_for_it_is_not_evicted() -> None:
+    """Its waiters are re-asking right after its load: it counts as busy; long after, a
+    stray waiter of a dead router no longer pins it."""
+    s = snap(residents=frozenset({"assistant"}), waiters={"assistant": 1}, used={"assistant": NOW})
+    policy = replace(POLICY, memory_gib={**POLICY.memory_gib, "coder": 24.0})
+    assert make_plan(s, policy, "coder") is None
+    later = replace(s, used={"assistant": LONG_AGO})
+    plan = make_plan(later, policy, "coder")
+    assert plan is not None
+    assert plan.evicts == ("assistant",)
+
+
+def test_evicting_plan_guards_its_evicts_and_takes_them_out_of_the_set() -> None:
+    s = snap(residents=frozenset({"assistant", "embedder", "reranker"}))
+    d = decide_acquire(s, ask("coder"), POLICY, ME)
+    assert d.swap is not None
+    evicts = d.swap.evicts
+    assert evicts is not None
+    assert sum(POLICY.gib(m) for m in evicts) >= 6.0
+    assert set(d.pre.zero_leases) == set(evicts)
+    fields = state_of(d)
+    assert set(fields["residents"].split(",")) == {"assistant", "embedder", "reranker"} - set(
+        evicts
+    )
+    assert d.audit[0].reason == SwapReason.EVICT_IDLE
+    assert d.audit[0].evicts == evicts
+
+
+@pytest.mark.parametrize("mode", [WAIT, IF_IDLE])
+def test_a_member_being_loaded_or_evicted_waits_in_both_modes(mode: PoolActivation) -> None:
+    s = snap(
+        phase=Phase.UNLOADING,
+        residents=frozenset({"assistant"}),
+        evicts=("embedder",),
+        target="coder",
+        owner="ctl-2",
+    )
+    for member in ("coder", "embedder"):
+        d = decide_acquire(s, ask(member, mode), POLICY, ME)
+        assert isinstance(d.reply, WaitReply), (member, d.reply)
+        assert d.swap is None
+
+
+def test_if_idle_for_a_member_that_will_not_fit_after_the_plan_is_skipped() -> None:
+    s = snap(phase=Phase.LOADING, residents=frozenset({"assistant"}), target="coder", owner="x")
+    d = decide_acquire(s, ask("embedder", IF_IDLE), POLICY, ME)
+    assert isinstance(d.reply, IncumbentBusyReply)
+    roomy = replace(s, target="reranker")
+    d = decide_acquire(roomy, ask("embedder", IF_IDLE), POLICY, ME)
+    assert isinstance(d.reply, WaitReply)
+
+
+def test_commit_adds_the_target_to_the_set_and_begin_load_forgets_the_evicts() -> None:
+    s = snap(
+        phase=Phase.UNLOADING,
+        residents=frozenset({"assistant"}),
+        evicts=("embedder",),
+        target="coder",
+        owner=ME,
+        waiters={"coder": 1},
+    )
+    begin = decide_begin_load(s, 7, ME, POLICY, ("embedder",))
+    assert begin is not None
+    assert state_of(begin) == {"phase": "loading", "evicts": ""}
+    loading = replace(s, phase=Phase.LOADING, evicts=())
+    commit = decide_commit(loading, 7, ME, POLICY)
+    assert commit is not None
+    fields = state_of(commit)
+    assert fields["residents"] == "assistant,coder"
+    assert fields["phase"] == "idle"
+    assert fields["used.coder"] == str(NOW)
+    assert commit.audit[0].outcome == PoolOutcome.SWAP_COMPLETED
+
+
+def test_a_failed_plan_keeps_the_set_and_counts_what_it_could_not_confirm_gone() -> None:
+    s = snap(
+        phase=Phase.UNLOADING,
+        residents=frozenset({"assistant"}),
+        evicts=("embedder",),
+        target="coder",
+        owner=ME,
+    )
+    d = decide_fail(s, POLICY, 7, ME, "boom")
+    assert d is not None
+    fields = state_of(d)
+    assert "residents" not in fields
+    assert fields["evicts"] == "embedder,coder"
+    after = replace(s, phase=Phase.IDLE, target=None, owner=None, evicts=("embedder", "coder"))
+    assert free_gib(after, POLICY) == 24.0 - 6.0 - 4.0 - 20.0  # all of them may hold memory
+    tick = decide_tick(after, POLICY, ME)
+    assert tick.swap is not None
+    assert set(tick.swap.evicts or ()) == {"embedder", "coder"}
+    assert tick.swap.target == ""
+
+
+def test_a_lost_resident_not_proven_gone_stays_counted_until_unloaded() -> None:
+    s = snap(residents=frozenset({"assistant", "embedder"}))
+    d = decide_member_lost(s, "embedder", "health check failed")
+    fields = state_of(d)
+    assert fields["residents"] == "assistant"
+    assert fields["evicts"] == "embedder"
+    busy = replace(s, leases={"embedder": 1})
+    assert not decide_member_lost(busy, "embedder", "health check failed").ops
+
+
+def test_the_tick_warms_pinned_members_and_plans_for_the_most_urgent_absent_member() -> None:
+    pinned = replace(POLICY, pinned=frozenset({"embedder"}))
+    cold = decide_tick(snap(), pinned, ME)
+    assert cold.swap is not None
+    assert cold.swap.target == "embedder"
+    assert cold.audit[0].reason == SwapReason.WARM_DEFAULT
+    waiting = snap(
+        residents=frozenset({"embedder"}),
+        waiters={"coder": 1, "reranker": 1},
+        urgency={"coder": NOW - 5, "reranker": NOW - 1},
+    )
+    d = decide_tick(waiting, pinned, ME)
+    assert d.swap is not None
+    assert d.swap.target == "coder"
+    assert d.swap.evicts == ()
+
+
+def test_admin_swap_refuses_when_only_busy_members_could_make_room() -> None:
+    s = snap(residents=frozenset({"assistant", "embedder"}), leases={"embedder": 1, "assistant": 1})
+    d = decide_admin_swap(s, "coder", ME, POLICY)
+    assert isinstance(d.reply, ErrorReply)
+    assert d.reply.code == "incumbent_busy"
