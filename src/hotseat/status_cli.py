@@ -29,11 +29,21 @@ def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{m}={n}" for m, n in counts.items() if n) or "-"
 
 
+def _residents(p: PoolView) -> str:
+    """The resident, or a capacity pool's residents and its free memory."""
+    if p.capacity_gib is None:
+        return p.resident or "-"
+    names = ",".join(p.residents) or "-"
+    return f"{names} ({p.free_gib or 0:g} of {p.capacity_gib:g} GiB free)"
+
+
 def _swap(p: PoolView) -> str:
     """The swap's target, and while it runs its step and time: ``coder (loading 3s of ~8s)``."""
     if p.swapping is None:
         return "-"
-    step = "unloading " + p.unloading if p.unloading else ("loading" if p.loading else "")
+    evicting = ",".join(p.evicting) or p.unloading
+    step = "unloading " + evicting if evicting and p.phase == "unloading" else ""
+    step = step or ("loading" if p.loading else "")
     if p.swap_elapsed_s is None:
         return p.swapping
     progress = f"{step} {p.swap_elapsed_s:.0f}s"
@@ -47,7 +57,7 @@ def format_pools(pools: list[PoolView]) -> str:
     rows = [
         (
             p.name,
-            p.resident or "-",
+            _residents(p),
             p.phase,
             _swap(p),
             str(p.epoch),

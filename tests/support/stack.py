@@ -247,10 +247,27 @@ class Stack:
             for e in await self.ledger(gpu)
         )
 
+    def capacity_gib(self, gpu: str = "gpu0") -> float | None:
+        """The capacity of the pool ``gpu`` is (docs/adr/0008); ``None``: one resident."""
+        pool = next((p for p in self.config.get("pools", []) if p["name"] == gpu), {})
+        capacity = pool.get("capacity")
+        if not capacity:
+            return None
+        if "gpuMemoryGiB" in capacity:
+            return float(capacity["gpuMemoryGiB"])
+        return float(sum(d["memoryGiB"] for d in capacity["devices"]))
+
     async def verdict(self, gpu: str = "gpu0", *, excused: Collection[str] = ()) -> Verdict:
         """The oracle's judgement of ``gpu``'s ledger (:mod:`tests.support.oracle`), with
-        the ledger writes its live sims counted as failed."""
-        verdict = await judge_gpu(self.redis_url, self.prefix, gpu, excused=excused)
+        the ledger writes its live sims counted as failed; a capacity pool's is judged
+        against its capacity."""
+        verdict = await judge_gpu(
+            self.redis_url,
+            self.prefix,
+            gpu,
+            excused=excused,
+            capacity_gib=self.capacity_gib(gpu),
+        )
         return replace(verdict, write_failures=await self.ledger_write_failures(gpu))
 
     async def ledger_write_failures(self, gpu: str = "gpu0") -> int:

@@ -140,8 +140,16 @@ class PoolMetrics:
         )
         self.resident = Gauge(
             "hotseat_pool_resident",
-            "1 for the resident member of each pool.",
+            "1 for the resident member of each pool (every member of a capacity pool's"
+            " residency set).",
             ["pool", "member"],
+            registry=registry,
+        )
+        self.memory_free = Gauge(
+            "hotseat_pool_memory_free_gib",
+            "A capacity pool's memory not held by a resident, a member loading or one being"
+            " unloaded, in GiB.",
+            ["pool"],
             registry=registry,
         )
         self.leases_live = Gauge(

@@ -42,6 +42,17 @@ class PoolView(BaseModel):
     """For each member of ``queue``: how long its most urgent waiter counts as having
     waited, its priority included (its wait plus its priority times the pool's
     ``priorityAging``); the queue is in decreasing order of it."""
+    residents: list[str] = []
+    """A capacity pool's residency set: every member loaded and serving (docs/adr/0008);
+    a one-resident pool lists its resident."""
+    evicting: list[str] = []
+    """A capacity pool: the members the plan in flight unloads (or, after a failed plan,
+    still has to confirm gone)."""
+    capacity_gib: float | None = None
+    """A capacity pool's memory; ``None`` for a one-resident pool."""
+    free_gib: float | None = None
+    """A capacity pool's memory not held by a resident, a member loading or one being
+    unloaded."""
 
 
 class PoolList(BaseModel):

@@ -1,0 +1,346 @@
+"""Capacity pools end to end (docs/adr/0008): real sims, controllers and routers on real
+NATS and Redis, one simulated GPU of 24 GiB whose members are resident together while
+their memory fits. Every test ends with the ledger's verdict against the capacity: never
+over it, nothing cut, nothing served by a member that was not ready."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+
+from hotseat.launcher import free_port
+from hotseat_sim.timeline import LedgerEntry, LedgerEvent
+from tests.support.stack import Stack
+from tests.support.waiting import eventually
+
+Make = Callable[[dict[str, Any]], Stack]
+
+SMALL = {"loadSeconds": 0.3, "unloadSeconds": 0.1, "tokensPerSecond": 20, "slots": 4}
+
+
+def capacity_config(
+    members: Mapping[str, Mapping[str, Any]],
+    *,
+    pool: Mapping[str, Any] | None = None,
+    gib: float = 24,
+) -> dict[str, Any]:
+    """A capacity pool ``gpu0`` of ``gib`` GiB; each member's mapping has its ``memoryGiB``
+    (and ``pinned``) and its sim's settings (``sim``). A rule per member (its name, Wait)
+    and one IfIdle (``<name>-ifidle``)."""
+    ports = {name: free_port() for name in members}
+    rules: list[dict[str, Any]] = []
+    for name in members:
+        rules.append({"name": name, "match": {"models": [name]}, "route": {"backends": [name]}})
+        rules.append({
+            "name": f"{name}-ifidle",
+            "match": {"models": [f"{name}-ifidle"]},
+            "route": {"backends": [name], "poolActivation": "IfIdle"},
+        })  # fmt: skip
+    return {
+        "router": {"name": "r", "requestTimeout": "60s"},
+        "backends": [
+            {
+                "name": name,
+                "address": f"http://127.0.0.1:{port}",
+                "pool": {"name": "gpu0", "member": name},
+            }
+            for name, port in ports.items()
+        ],
+        "pools": [
+            {
+                "name": "gpu0",
+                "swapBudget": "30s",
+                "leaseTtl": "2s",
+                "capacity": {"gpuMemoryGiB": gib},
+                "driver": {"kind": "sim"},
+                "members": [
+                    {
+                        "name": name,
+                        "memoryGiB": spec["memoryGiB"],
+                        **({"pinned": True} if spec.get("pinned") else {}),
+                        "sim": {**SMALL, **spec.get("sim", {})},
+                    }
+                    for name, spec in members.items()
+                ],
+                **(pool or {}),
+            }
+        ],
+        "rules": rules,
+    }
+
+
+def started(stack: Stack, controllers: int = 1) -> Stack:
+    stack.start_sims()
+    for i in range(controllers):
+        stack.start_controller(f"c{i + 1}")
+    stack.start_router()
+    return stack
+
+
+async def chat(url: str, model: str, max_tokens: int = 1) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=90) as client:
+        return await client.post(
+            f"{url}/v1/chat/completions",
+            json={
+                "model": model,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": max_tokens,
+            },
+        )
+
+
+async def wait_residents(stack: Stack, members: set[str], timeout: float = 20) -> dict[str, Any]:
+    """Until the pool's residency set is ``members`` and no plan is in flight."""
+
+    async def settled() -> dict[str, Any] | None:
+        state = await stack.pool()
+        done = state["phase"] == "idle" and set(state["residents"]) == members
+        return state if done and not state["evicting"] else None
+
+    result: dict[str, Any] = await eventually(settled, timeout=timeout)
+    return result
+
+
+def events(ledger: list[LedgerEntry], event: LedgerEvent, member: str) -> list[LedgerEntry]:
+    return [e for e in ledger if e.event is event and e.member == member]
+
+
+def index(ledger: list[LedgerEntry], entry: LedgerEntry) -> int:
+    return next(i for i, e in enumerate(ledger) if e.id == entry.id)
+
+
+@contextlib.asynccontextmanager
+async def streaming(url: str, model: str, tokens: int = 60):  # type: ignore[no-untyped-def]
+    """One long request for ``model`` (``tokens`` at 20 tokens/s), in flight until its
+    sim has started serving it; yields the task."""
+    task = asyncio.create_task(chat(url, model, max_tokens=tokens))
+    try:
+        yield task
+    finally:
+        if not task.done():
+            await task
+
+
+async def serving(stack: Stack, member: str) -> None:
+    """Until ``member``'s sim has a request in flight (its ledger says serve_start)."""
+
+    async def started_serving() -> bool:
+        ledger = await stack.ledger()
+        return len(events(ledger, LedgerEvent.SERVE_START, member)) > len(
+            events(ledger, LedgerEvent.SERVE_END, member)
+        )
+
+    await eventually(started_serving, timeout=20)
+
+
+async def test_two_small_members_serve_while_a_third_loads(make_stack: Make) -> None:
+    """a and b (6 GiB each) are resident together; c (8 GiB, a slow load) fits beside
+    them: it loads with no unload and no drain, and a and b serve throughout."""
+    stack = started(
+        make_stack(
+            capacity_config(
+                {
+                    "a": {"memoryGiB": 6},
+                    "b": {"memoryGiB": 6},
+                    "c": {"memoryGiB": 8, "sim": {"loadSeconds": 2.0}},
+                }
+            )
+        )
+    )
+    url = stack.routers[0].url
+    for member in ("a", "b"):
+        assert (await chat(url, member)).status_code == 200
+    await wait_residents(stack, {"a", "b"})
+    async with streaming(url, "a") as on_a, streaming(url, "b") as on_b:
+        await serving(stack, "a")
+        await serving(stack, "b")
+        loaded = asyncio.create_task(chat(url, "c"))
+
+        async def c_loading() -> bool:
+            return bool(events(await stack.ledger(), LedgerEvent.LOAD_START, "c"))
+
+        await eventually(c_loading, timeout=20)
+        # While c loads, a and b are granted and serve new requests at once.
+        during = await asyncio.gather(chat(url, "a"), chat(url, "b"))
+        assert [r.status_code for r in during] == [200, 200]
+        assert (await loaded).status_code == 200
+    assert (await on_a).status_code == 200
+    assert (await on_b).status_code == 200
+    state = await wait_residents(stack, {"a", "b", "c"})
+    assert state["free_gib"] == 4
+    ledger = await stack.judged_ledger()
+    assert not [e for e in ledger if e.event is LedgerEvent.UNLOAD_START]
+    c_start = index(ledger, events(ledger, LedgerEvent.LOAD_START, "c")[0])
+    c_ready = index(ledger, events(ledger, LedgerEvent.LOADED, "c")[0])
+    served_meanwhile = {
+        e.member for e in ledger[c_start:c_ready] if e.event is LedgerEvent.SERVE_START
+    }
+    assert served_meanwhile == {"a", "b"}
+    started_events = [e for e in await stack.settled_audit() if e["outcome"] == "swap_started"]
+    assert {(e["to_member"], e["reason"]) for e in started_events} == {
+        ("a", "fits"),
+        ("b", "fits"),
+        ("c", "fits"),
+    }
+
+
+async def test_a_large_member_evicts_only_the_idle_member(make_stack: Make) -> None:
+    """a streams, b is idle; big (16 GiB) needs 4 GiB more than is free: b alone is
+    evicted, a serves on and its stream completes."""
+    stack = started(
+        make_stack(
+            capacity_config(
+                {
+                    "a": {"memoryGiB": 6},
+                    "b": {"memoryGiB": 6},
+                    "big": {"memoryGiB": 16},
+                }
+            )
+        )
+    )
+    url = stack.routers[0].url
+    for member in ("a", "b"):
+        assert (await chat(url, member)).status_code == 200
+    await wait_residents(stack, {"a", "b"})
+    async with streaming(url, "a") as on_a:
+        await serving(stack, "a")
+        assert (await chat(url, "big")).status_code == 200
+    assert (await on_a).status_code == 200
+    await wait_residents(stack, {"a", "big"})
+    ledger = await stack.judged_ledger()
+    assert [e.member for e in ledger if e.event is LedgerEvent.UNLOAD_START] == ["b"]
+    started_events = [e for e in await stack.settled_audit() if e["outcome"] == "swap_started"]
+    assert [(e["to_member"], e["reason"]) for e in started_events][-1] == ("big", "evict_idle")
+
+
+async def test_a_busy_member_is_never_evicted_wait_holds_and_if_idle_skips(
+    make_stack: Make,
+) -> None:
+    """big (20 GiB) needs a and b both gone, and a streams: IfIdle is told busy at once;
+    Wait holds until a's stream ends, then a and b go and big is served."""
+    stack = started(
+        make_stack(
+            capacity_config(
+                {
+                    "a": {"memoryGiB": 6},
+                    "b": {"memoryGiB": 6},
+                    "big": {"memoryGiB": 20},
+                }
+            )
+        )
+    )
+    url = stack.routers[0].url
+    for member in ("a", "b"):
+        assert (await chat(url, member)).status_code == 200
+    await wait_residents(stack, {"a", "b"})
+    async with streaming(url, "a", tokens=80) as on_a:
+        await serving(stack, "a")
+        skipped = await chat(url, "big-ifidle")
+        assert skipped.status_code == 503, skipped.text
+        assert skipped.json()["error"]["code"] == "pool_incumbent_busy"
+        held = await chat(url, "big")
+        assert held.status_code == 200, held.text
+    assert (await on_a).status_code == 200
+    await wait_residents(stack, {"big"})
+    ledger = await stack.judged_ledger()
+    a_done = index(ledger, events(ledger, LedgerEvent.SERVE_END, "a")[-1])
+    big_start = index(ledger, events(ledger, LedgerEvent.LOAD_START, "big")[0])
+    assert big_start > a_done, "big loaded before a's stream ended"
+
+
+async def test_a_pinned_member_is_never_evicted(make_stack: Make) -> None:
+    """p is pinned (loaded at start) and the least recently used; big (16 GiB) needs one
+    member gone: s goes, p stays."""
+    stack = started(
+        make_stack(
+            capacity_config(
+                {
+                    "p": {"memoryGiB": 6, "pinned": True},
+                    "s": {"memoryGiB": 6},
+                    "big": {"memoryGiB": 16},
+                }
+            )
+        )
+    )
+    url = stack.routers[0].url
+    await wait_residents(stack, {"p"})
+    assert (await chat(url, "s")).status_code == 200
+    assert (await chat(url, "big")).status_code == 200
+    await wait_residents(stack, {"p", "big"})
+    ledger = await stack.judged_ledger()
+    assert [e.member for e in ledger if e.event is LedgerEvent.UNLOAD_START] == ["s"]
+    assert len(events(ledger, LedgerEvent.LOAD_START, "p")) == 1
+
+
+async def test_eviction_order_is_cheapest_reload_then_least_recently_used(
+    make_stack: Make,
+) -> None:
+    """a, b (quick loads) and slow (a 2 s load) are resident; big needs 6 GiB more:
+    slow is spared for its reload cost, and of a and b the one used longer ago goes."""
+    stack = started(
+        make_stack(
+            capacity_config(
+                {
+                    "a": {"memoryGiB": 6},
+                    "b": {"memoryGiB": 6},
+                    "slow": {"memoryGiB": 8, "sim": {"loadSeconds": 2.0}},
+                    "big": {"memoryGiB": 10},
+                }
+            )
+        )
+    )
+    url = stack.routers[0].url
+    for member in ("slow", "a", "b"):
+        assert (await chat(url, member)).status_code == 200
+    await wait_residents(stack, {"a", "b", "slow"})
+    assert (await chat(url, "a")).status_code == 200  # b is now the least recently used
+    assert (await chat(url, "big")).status_code == 200
+    await wait_residents(stack, {"a", "slow", "big"})
+    ledger = await stack.judged_ledger()
+    assert [e.member for e in ledger if e.event is LedgerEvent.UNLOAD_START] == ["b"]
+
+
+async def test_a_controller_killed_during_an_eviction_never_goes_over_capacity(
+    make_stack: Make,
+) -> None:
+    """Two controllers; the plan's owner is SIGKILLed while it unloads b (a slow unload):
+    the other takes the plan over, confirms b gone before big loads, and the pool
+    converges with big and a resident; the GPU never held more than its capacity."""
+    stack = started(
+        make_stack(
+            capacity_config(
+                {
+                    "a": {"memoryGiB": 6},
+                    "b": {"memoryGiB": 6, "sim": {"unloadSeconds": 3.0}},
+                    "big": {"memoryGiB": 16},
+                }
+            )
+        ),
+        controllers=2,
+    )
+    url = stack.routers[0].url
+    for member in ("a", "b"):
+        assert (await chat(url, member)).status_code == 200
+    await wait_residents(stack, {"a", "b"})
+    assert (await chat(url, "a")).status_code == 200  # b is the least recently used
+    request = asyncio.create_task(chat(url, "big"))
+
+    async def evicting() -> str | None:
+        state = await stack.state_hash()
+        return state.get("owner") if state.get("phase") == "unloading" else None
+
+    owner = await eventually(evicting, timeout=20, interval=0.02)
+    stack.controllers[owner].kill()
+    response = await request
+    assert response.status_code == 200, response.text
+    await wait_residents(stack, {"a", "big"}, timeout=30)
+    verdict = await stack.assert_invariants()
+    assert verdict.summary()["over_capacity"] == 0
+    ledger = await stack.ledger()
+    b_gone = index(ledger, events(ledger, LedgerEvent.UNLOADED, "b")[0])
+    big_start = index(ledger, events(ledger, LedgerEvent.LOAD_START, "big")[0])
+    assert big_start > b_gone
