@@ -151,7 +151,7 @@ def test_when_only_busy_members_could_make_room_wait_holds_and_if_idle_skips() -
     assert isinstance(held.reply, WaitReply)
     assert held.reply.reason == WaitReason.DRAINING
     assert held.swap is None
-    assert state_of(held) == {"phase": "draining", "target": "coder"}
+    assert state_of(held) == {"phase": "draining", "target": "coder", "cause": "client-1"}
     skipped = decide_acquire(s, ask("coder", IF_IDLE), POLICY, ME)
     assert isinstance(skipped.reply, IncumbentBusyReply)
     assert skipped.reply.resident == "assistant"
@@ -221,7 +221,7 @@ def test_commit_adds_the_target_to_the_set_and_begin_load_forgets_the_evicts() -
     )
     begin = decide_begin_load(s, 7, ME, POLICY, ("embedder",))
     assert begin is not None
-    assert state_of(begin) == {"phase": "loading", "evicts": ""}
+    assert state_of(begin) == {"phase": "loading", "evicts": "", "loading": str(NOW)}
     loading = replace(s, phase=Phase.LOADING, evicts=())
     commit = decide_commit(loading, 7, ME, POLICY)
     assert commit is not None

@@ -42,7 +42,7 @@ from hotseat_pool_controller.decisions.hold import (
     withdraw,
 )
 from hotseat_pool_controller.decisions.schedule import most_urgent, swap_s
-from hotseat_pool_controller.decisions.start import next_epoch
+from hotseat_pool_controller.decisions.start import forget_cause, next_epoch, swap_id_of
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
     NOTHING,
@@ -59,7 +59,7 @@ from hotseat_pool_controller.model import (
     RevokeLeases,
     SwapOrder,
 )
-from hotseat_pool_controller.store.codec import mark_used, set_state
+from hotseat_pool_controller.store.codec import KEEP, mark_used, set_state
 
 EPSILON_GIB = 1e-9
 
@@ -178,6 +178,7 @@ class PlanStart:
             target=self.order.target or None,
             epoch=self.order.epoch,
             retry_after_s=retry_after_s(snap),
+            swap_id=self.order.swap_id,
         )
 
 
@@ -189,11 +190,16 @@ def start_plan(
     *,
     reason: SwapReason | None = None,
     forced: bool = False,
+    cause: str | None = None,
 ) -> PlanStart:
     """The plan in flight from now: its evicts leave the residency set (no new lease for
     them), under a new epoch owned by ``controller``, on the condition that the state did
-    not move and the evicts still have no live lease."""
+    not move and the evicts still have no live lease. ``cause``: the request that starts
+    it; by default, for a drain's target, the request that began the drain."""
     epoch = next_epoch(snap)
+    swap_id = swap_id_of(policy.name, epoch)
+    if cause is None and plan.target is not None and plan.target == snap.target:
+        cause = snap.cause
     unload_only = plan.target is None
     # Members a failed plan or a loss left unconfirmed are unloaded by this one first (its
     # own target too: a member lost while stalled is stopped before it is loaded afresh).
@@ -213,6 +219,9 @@ def start_plan(
         forced=forced or unload_only,
         parked=unload_only and reason == SwapReason.ADMIN_UNLOAD,
         closed=False,
+        swap_id=swap_id,
+        cause=forget_cause(snap),
+        loading_ms=None if snap.loading_ms else KEEP,
     )
     guard = Preconditions(version=snap.version, zero_leases=plan.evicts)
     audit = AuditIntent(
@@ -222,13 +231,16 @@ def start_plan(
         to_member=plan.target,
         epoch=epoch,
         reason=reason or plan.reason,
+        request_id=cause,
         evicts=plan.evicts,
+        swap_id=swap_id,
     )
     order = SwapOrder(
         target=plan.target or "",
         epoch=epoch,
         from_member=plan.evicts[0] if plan.evicts else None,
         evicts=plan.evicts,
+        swap_id=swap_id,
     )
     return PlanStart((state,), guard, order, audit)
 
@@ -263,9 +275,10 @@ def decide_capacity_acquire(  # noqa: PLR0911 - one answer per case of the set
             return _busy(snap, ask)
         also: tuple[Op, ...] = ()
         if snap.phase != Phase.DRAINING or snap.target != member:
-            also = (set_state(phase=Phase.DRAINING, target=member),)
+            also = (set_state(phase=Phase.DRAINING, target=member, cause=ask.request_id),)
         return hold(snap, ask, policy, WaitReason.DRAINING, target=member, also=also)
-    return _hold_with(snap, ask, policy, start_plan(snap, policy, controller, plan))
+    start = start_plan(snap, policy, controller, plan, cause=ask.request_id)
+    return _hold_with(snap, ask, policy, start)
 
 
 def _for_resident(
@@ -361,7 +374,7 @@ def decide_capacity_tick(  # noqa: PLR0911 - one move per state of the set
             return start_plan(snap, policy, controller, plan).decision()
         if snap.phase == Phase.IDLE:
             return Decision(
-                ops=(set_state(phase=Phase.DRAINING, target=demand),),
+                ops=(set_state(phase=Phase.DRAINING, target=demand, cause=forget_cause(snap)),),
                 pre=Preconditions(version=snap.version),
             )
         return NOTHING
@@ -378,9 +391,12 @@ def _absent(snap: PoolSnapshot, policy: PoolPolicy) -> frozenset[str]:
 
 def _retarget(snap: PoolSnapshot, demand: str | None) -> Decision:
     if demand is not None:
-        return Decision(ops=(set_state(target=demand),), pre=Preconditions(version=snap.version))
+        return Decision(
+            ops=(set_state(target=demand, cause=forget_cause(snap)),),
+            pre=Preconditions(version=snap.version),
+        )
     return Decision(
-        ops=(set_state(phase=Phase.IDLE, target=None),),
+        ops=(set_state(phase=Phase.IDLE, target=None, cause=forget_cause(snap)),),
         pre=Preconditions(version=snap.version, zero_waiters=(snap.target,) if snap.target else ()),
         audit=(
             AuditIntent.of_swap(

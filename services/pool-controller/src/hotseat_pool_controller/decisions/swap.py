@@ -132,7 +132,7 @@ def decide_commit(
             pre=_still_owned(epoch, controller),
             audit=(
                 AuditIntent.of_swap(
-                    PoolOutcome.SWAP_COMPLETED, snap.target, snap.from_member, epoch
+                    PoolOutcome.SWAP_COMPLETED, snap.target, snap.from_member, epoch, snap=snap
                 ),
             ),
         )
@@ -210,7 +210,7 @@ def _capacity_fail(
         pre=_still_owned(epoch, controller),
         audit=(
             AuditIntent.of_swap(
-                PoolOutcome.SWAP_FAILED, snap.target, snap.from_member, epoch, reason
+                PoolOutcome.SWAP_FAILED, snap.target, snap.from_member, epoch, reason, snap=snap
             ),
         ),
     )
