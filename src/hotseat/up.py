@@ -149,23 +149,30 @@ class Stack:
         for index, tier in enumerate(tiers):
             later = len(tiers) - index - 1
             budget = min(tier.stop_cap_s, deadline - time.monotonic() - later)
-            _stop_tier(tier.procs, max(0.5, budget))
+            for name in _stop_tier(tier.procs, max(0.5, budget)):
+                self.say(f"hotseat up: {name} did not stop on SIGTERM in time: killed")
         self.tiers.clear()
 
 
-def _stop_tier(procs: Sequence[Managed], timeout: float) -> None:
-    """SIGTERM all at once, wait until ``timeout``, SIGKILL what is left, sweep groups."""
-    for proc in procs:
-        if proc.alive():
-            with contextlib.suppress(ProcessLookupError):
-                proc.popen.send_signal(signal.SIGTERM)
+def _stop_tier(procs: Sequence[Managed], timeout: float) -> list[str]:
+    """SIGTERM all at once, wait until ``timeout``, SIGKILL what is left, sweep groups;
+    the names of those that had to be killed."""
+    running = [proc for proc in procs if proc.alive()]
+    for proc in running:
+        with contextlib.suppress(ProcessLookupError):
+            proc.popen.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    for proc in procs:
-        proc.stop(timeout=max(0.1, deadline - time.monotonic()))
+    killed = [
+        proc.name
+        for proc in procs
+        if proc.stop(timeout=max(0.1, deadline - time.monotonic())) == -signal.SIGKILL
+        and proc in running
+    ]
     for proc in procs:
         # Each child leads its own process group: take any grandchild with it.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+    return killed
 
 
 @contextlib.contextmanager

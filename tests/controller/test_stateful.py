@@ -361,9 +361,8 @@ class ControllerMachine(RuleBasedStateMachine):
                 gates = {id(c.done) for c in self.driver.pending}
                 if all(s.task.done() or _held_at(s.task, gates) for s in self.swaps):
                     return
-                await asyncio.sleep(
-                    0.0005
-                )  # a loop turn for the runners: no event says 'at a gate'
+                # A loop turn for the runners: no event says "held at a gate".
+                await asyncio.sleep(0.0005)  # one poll of the runners' state
             raise AssertionError(f"swaps neither ended nor reached a driver: {self.swaps}")
 
         self.run(parked())

@@ -117,7 +117,7 @@ class Stack:
         """SIGINT to the group; the exit status and how long the stop took."""
         started = time.monotonic()
         os.killpg(self.up.popen.pid, signal.SIGINT)
-        code = self.up.popen.wait(40)
+        code = self.up.popen.wait(4 * STOP_BUDGET_S)  # only a bound on a hung test
         elapsed = time.monotonic() - started
         while (line := self.up._queue.get(timeout=5)) is not None:
             self.up.lines.append(line)
@@ -193,13 +193,13 @@ def test_getting_started_commands_work_as_written(tmp_path: Path):
             check_output(line, done)
             ran.append(line)
         assert stack is not None
-        code, seconds = stack.ctrl_c()
+        code, _seconds = stack.ctrl_c()
         # make passes an interrupt on by dying of SIGINT itself, as it does at a terminal
         assert code in {0, -signal.SIGINT}, stack.up.output
         assert "hotseat up: stopped in" in stack.up.output
-        # Within up's own stop budget, past which it SIGKILLs what is left (a bound the
-        # program enforces on itself, not a guess at how fast a loaded machine runs).
-        assert seconds < STOP_BUDGET_S + 5, seconds
+        # Every part stopped on its SIGTERM: up kills what is left at its stop budget, and
+        # says so (an event, where the elapsed time would measure the machine's load).
+        assert "did not stop on SIGTERM" not in stack.up.output, stack.up.output
         assert all(gone(pid) for pid in stack.seen), stack.seen
     finally:
         if stack is not None:

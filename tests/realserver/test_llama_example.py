@@ -112,13 +112,13 @@ def test_hotseat_up_runs_the_example_with_real_members(
         assert coder_pid is not None
         children = descendants(up.popen.pid)
         assert coder_pid in children
-        code, elapsed = up.signal_and_wait(signal.SIGINT)
+        code, _elapsed = up.signal_and_wait(signal.SIGINT, timeout=4 * STOP_BUDGET_S)
         left = [pid for pid in children if not gone(pid)]
     finally:
         up.kill_tree(children)
     assert code == 0, up.output
-    # Within up's own stop budget, past which it SIGKILLs what is left (a bound the
-    # program enforces on itself, not a guess at how fast a loaded machine runs).
-    assert elapsed < STOP_BUDGET_S + 5, elapsed
+    # Every part stopped on its SIGTERM: up kills what is left at its stop budget, and
+    # says so (an event, where the elapsed time would measure the machine's load).
+    assert "did not stop on SIGTERM" not in up.output, up.output
     assert left == [], up.output
     assert not port_open(ports["coder"])

@@ -172,7 +172,7 @@ async def test_quarantine_runs_on_the_real_clock(upstream, start_router, client)
     a.mode = "ok"
     # Letting the quarantine pass is the behaviour under test (a lower bound only: any
     # request after it gets the trial, however late it comes).
-    await asyncio.sleep(max(0.0, quarantined_by + quarantine - time.monotonic()))
+    await asyncio.sleep(max(0.0, quarantined_by + quarantine - time.monotonic()))  # the span
     assert (await client.post(url, json=BODY)).headers["x-hotseat-backend"] == "a"
 
 

@@ -124,7 +124,7 @@ class FakeUpstream:
             await asyncio.Event().wait()
         if self.mode == "slow":
             # A slow model is the behaviour under test here, not a synchronisation stand-in.
-            await asyncio.sleep(self.delay_s)
+            await asyncio.sleep(self.delay_s)  # the scripted slowness itself
         if self.mode == "echo":
             received = self.requests[-1]
             return web.json_response(

@@ -101,14 +101,14 @@ def test_up_launches_private_infra_serves_and_stops_cleanly(tmp_path: Path, pref
         assert sdk.returncode == 0, sdk.stderr
         assert sdk.stdout.strip()
 
-        code, elapsed = up.signal_and_wait(signal.SIGINT)
+        code, _elapsed = up.signal_and_wait(signal.SIGINT, timeout=4 * STOP_BUDGET_S)
         left = [pid for pid in children if not gone(pid)]  # before the cleanup below
     finally:
         up.kill_tree(children)
     assert code == 0, up.output
-    # Within up's own stop budget, past which it SIGKILLs what is left (a bound the
-    # program enforces on itself, not a guess at how fast a loaded machine runs).
-    assert elapsed < STOP_BUDGET_S + 5, elapsed
+    # Every part stopped on its SIGTERM: up kills what is left at its stop budget, and
+    # says so (an event, where the elapsed time would measure the machine's load).
+    assert "did not stop on SIGTERM" not in up.output, up.output
     assert "hotseat up: stopped" in up.output
     assert left == [], up.output
     assert not nats_reachable(parts["nats"])
@@ -136,14 +136,14 @@ def test_up_reuses_running_infra_and_leaves_it_on_sigterm(
         assert_services_as_installed(up, parts)
         children = descendants(up.popen.pid)
         assert nats_server.pid not in children
-        code, elapsed = up.signal_and_wait(signal.SIGTERM)
+        code, _elapsed = up.signal_and_wait(signal.SIGTERM, timeout=4 * STOP_BUDGET_S)
         left = [pid for pid in children if not gone(pid)]  # before the cleanup below
     finally:
         up.kill_tree(children)
     assert code == 0, up.output
-    # Within up's own stop budget, past which it SIGKILLs what is left (a bound the
-    # program enforces on itself, not a guess at how fast a loaded machine runs).
-    assert elapsed < STOP_BUDGET_S + 5, elapsed
+    # Every part stopped on its SIGTERM: up kills what is left at its stop budget, and
+    # says so (an event, where the elapsed time would measure the machine's load).
+    assert "did not stop on SIGTERM" not in up.output, up.output
     assert left == [], up.output
     assert nats_server.alive()
     assert redis_server.alive()

@@ -54,7 +54,7 @@ class Stack:
         """The matching events once ``done`` holds for them (the audit trail is written
         after the answer: the router publishes, the audit service consumes)."""
         while not done(events := self.events(**filters)):
-            time.sleep(POLL_S)
+            time.sleep(POLL_S)  # the poll interval: the audit API announces no new rows
         return events
 
 

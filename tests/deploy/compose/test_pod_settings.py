@@ -84,7 +84,7 @@ def wait_ready(container: DockerContainer, url: str) -> None:
                 return
         except httpx.TransportError:
             pass
-        time.sleep(POLL_S)
+        time.sleep(POLL_S)  # the poll interval: readiness inside a container announces nothing
 
 
 @pytest.fixture(params=["router", "controller", "audit"])
