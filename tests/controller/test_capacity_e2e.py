@@ -181,10 +181,10 @@ async def test_two_small_members_serve_while_a_third_loads(make_stack: Make) -> 
     }
     assert served_meanwhile == {"a", "b"}
     started_events = [e for e in await stack.settled_audit() if e["outcome"] == "swap_started"]
-    assert {(e["to_member"], e["reason"]) for e in started_events} == {
-        ("a", "fits"),
-        ("b", "fits"),
-        ("c", "fits"),
+    assert {(e["to_member"], e["reason"], e.get("evicts")) for e in started_events} == {
+        ("a", "fits", None),
+        ("b", "fits", None),
+        ("c", "fits", None),
     }
 
 
@@ -214,7 +214,8 @@ async def test_a_large_member_evicts_only_the_idle_member(make_stack: Make) -> N
     ledger = await stack.judged_ledger()
     assert [e.member for e in ledger if e.event is LedgerEvent.UNLOAD_START] == ["b"]
     started_events = [e for e in await stack.settled_audit() if e["outcome"] == "swap_started"]
-    assert [(e["to_member"], e["reason"]) for e in started_events][-1] == ("big", "evict_idle")
+    last = started_events[-1]
+    assert (last["to_member"], last["reason"], last["evicts"]) == ("big", "evict_idle", "b")
 
 
 async def test_a_busy_member_is_never_evicted_wait_holds_and_if_idle_skips(

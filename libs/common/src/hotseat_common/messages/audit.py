@@ -125,6 +125,9 @@ class AuditEvent(WireModel):
     """A served request's completion tokens, from the upstream's ``usage``."""
     api_key: str | None = None
     """Which client API key the request came with: a short digest, never the key."""
+    evicts: str | None = None
+    """A capacity pool's ``swap_started``: the members the plan evicts, comma-separated
+    (docs/adr/0008); absent when it evicts nothing."""
 
     @model_validator(mode="after")
     def _outcome_fits_kind(self) -> Self:

@@ -58,6 +58,7 @@ EVENT_FIELDS: tuple[str, ...] = (
     "reason",
     *CACHE_FIELDS,
     *OBSERVABILITY_FIELDS,
+    "evicts",
     "v",
 )
 """Columns that hold the event itself, in :class:`AuditEvent` field order."""

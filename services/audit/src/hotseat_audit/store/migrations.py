@@ -179,6 +179,12 @@ MIGRATIONS: tuple[Migration, ...] = (
             _V3_INDEX,
         ),
     ),
+    Migration(
+        4,
+        "the members a capacity pool's swap evicts",
+        sqlite=("ALTER TABLE audit_events ADD COLUMN evicts TEXT",),
+        postgres=("ALTER TABLE audit_events ADD COLUMN evicts text",),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -124,6 +124,8 @@ class Announcer:
             "unload_ms": intent.unload_ms,
             "load_ms": intent.load_ms,
         }
+        if intent.evicts:
+            about["evicts"] = ",".join(intent.evicts)
         if intent.cache is not None:
             about |= {
                 "cache_saved_bytes": intent.cache.saved_bytes,
