@@ -70,6 +70,7 @@ from hotseat_pool_controller.decisions.start import next_epoch
 from hotseat_pool_controller.decisions.tick import decide_tick
 from hotseat_pool_controller.drivers.base import DriverError, Fenced
 from hotseat_pool_controller.model import (
+    IN_FLIGHT,
     AcquireAsk,
     Decision,
     Phase,
@@ -604,18 +605,46 @@ class ControllerMachine(RuleBasedStateMachine):
 
     @rule(member=st.sampled_from(MEMBERS), controller=st.sampled_from(["c1", "c2"]))
     def admin_swap(self, member: str, controller: str) -> None:
-        decision = self.decide_busy(
-            lambda s, busy: decide_admin_swap(s, member, controller, self.policy, slots_busy=busy)
-        )
-        if isinstance(decision.reply, ErrorReply) and decision.reply.code == "incumbent_busy":
-            snap = self.snapshot()
-            assert snap.serving(snap.resident) or snap.resident in self.gpu.bypassed
+        seen: list[PoolSnapshot] = []
+
+        def decide(s: PoolSnapshot, busy: bool | None) -> Decision:
+            seen.append(s)
+            return decide_admin_swap(s, member, controller, self.policy, slots_busy=busy)
+
+        decision = self.decide_busy(decide)
+        self.check_admin_answer(decision, seen[-1], already=member)
 
     @rule(controller=st.sampled_from(["c1", "c2"]))
     def admin_unload(self, controller: str) -> None:
-        self.decide_busy(
-            lambda s, busy: decide_admin_unload(s, controller, self.policy, slots_busy=busy)
-        )
+        seen: list[PoolSnapshot] = []
+
+        def decide(s: PoolSnapshot, busy: bool | None) -> Decision:
+            seen.append(s)
+            return decide_admin_unload(s, controller, self.policy, slots_busy=busy)
+
+        decision = self.decide_busy(decide)
+        self.check_admin_answer(decision, seen[-1], already=None)
+
+    def check_admin_answer(
+        self, decision: Decision, snap: PoolSnapshot, already: str | None
+    ) -> None:
+        """An operator's swap or unload is refused only for what the contract names: a
+        swap in flight (or a pool not known yet), or an incumbent that serves (its leases,
+        or busy /slots); else it starts, unless what it asks for is already so."""
+        reply = decision.reply
+        if isinstance(reply, ErrorReply):
+            if reply.code == "swap_in_flight":
+                assert snap.phase == Phase.UNKNOWN or snap.phase in IN_FLIGHT, (reply, snap)
+            else:
+                assert reply.code == "incumbent_busy", reply
+                assert snap.serving(snap.resident) or snap.resident in self.gpu.bypassed, (
+                    reply,
+                    snap,
+                )
+            return
+        if already is not None and snap.resident == already:
+            return  # the member asked for is resident already: nothing to do
+        assert decision.swap is not None, (decision, snap)
 
     @rule(
         action=st.sampled_from(["acquire", "tick", "admin_swap", "admin_unload"]),
