@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from hotseat import audit_cli, status_cli
+from hotseat.stack_plan import DEFAULT_PORTS
 from hotseat_common.config import ConfigError, HotseatConfig, UnknownModels, load_config
 from hotseat_common.durations import format_duration
 
@@ -67,7 +69,20 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     from hotseat.up import run_up  # noqa: PLC0415 - keeps check-config free of process code
 
-    return run_up(config_path=Path(args.config), router_port=args.port)
+    ports = {"router": args.port, "controller": args.controller_port, "audit": args.audit_port}
+    return run_up(
+        config_path=Path(args.config),
+        ports=ports,
+        nats_url=args.nats_url,
+        redis_url=args.redis_url,
+    )
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a port (0 to 65535; 0: any free one)")
+    return port
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,7 +95,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run a whole local stack in the foreground")
     up.add_argument("--config", default=str(DEFAULT_CONFIG), help="config file")
-    up.add_argument("--port", type=int, default=8080, help="the router's port")
+    for flag, service in (("--port", "router"), ("--controller-port", "controller"),
+                          ("--audit-port", "audit")):  # fmt: skip
+        up.add_argument(
+            flag,
+            type=_port,
+            default=DEFAULT_PORTS[service],
+            help=f"the {service}'s port (default %(default)s; 0: any free port)",
+        )
+    up.add_argument(
+        "--nats-url",
+        default=os.environ.get("HOTSEAT_NATS_URL") or None,
+        help="reuse this NATS (env HOTSEAT_NATS_URL; default: launch a private one)",
+    )
+    up.add_argument(
+        "--redis-url",
+        default=os.environ.get("HOTSEAT_REDIS_URL") or None,
+        help="reuse this Redis (env HOTSEAT_REDIS_URL; default: launch a private one)",
+    )
     up.set_defaults(func=cmd_up)
 
     audit_cli.register(sub)

@@ -13,7 +13,7 @@ import json
 import os
 import shlex
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -115,22 +115,25 @@ SERVICES = (
     ("controller", "hotseat-controller", "hotseat_pool_controller.main"),
     ("router", "hotseat-router", "hotseat_router.main"),
 )
+ROUTER_PORT = 8080
 CONTROLLER_PORT = 8090
 AUDIT_PORT = 8082
-PREFERRED_PORTS = {"controller": CONTROLLER_PORT, "audit": AUDIT_PORT}
-"""The ports ``hotseat status`` and ``hotseat audit`` look at by default; taken when free."""
+DEFAULT_PORTS = {"router": ROUTER_PORT, "controller": CONTROLLER_PORT, "audit": AUDIT_PORT}
+"""Where ``hotseat up`` runs each service unless told otherwise: the ports ``hotseat
+status`` and ``hotseat audit`` (and a client's base URL) default to."""
+PORT_FLAGS = {"router": "--port", "controller": "--controller-port", "audit": "--audit-port"}
+"""The ``hotseat up`` flag that moves each service (0: any free port)."""
 
 
 def plan_services(
-    router_port: int,
+    ports: Mapping[str, int],
     workdir: Path,
     *,
     available: Callable[[str], bool],
     binary: Callable[[str], bool],
-    taken: Callable[[int], bool] = port_in_use,
 ) -> tuple[list[ServicePlan], list[str]]:
-    """The services to start (installed ones only) and a note per notes one or per
-    service that could not have its preferred port."""
+    """The services to start (installed ones only), each on its port in ``ports`` (a
+    missing one: :data:`DEFAULT_PORTS`; 0: a free port), and a note per service left out."""
     plans: list[ServicePlan] = []
     notes: list[str] = []
     for name, entry_point, module in SERVICES:
@@ -140,12 +143,7 @@ def plan_services(
         if not binary(entry_point):
             notes.append(f"skipping {name}: the {entry_point} command is not installed")
             continue
-        port = router_port
-        if name != "router":
-            port = PREFERRED_PORTS[name]
-            if taken(port):
-                port = free_port()
-                notes.append(f"{name} on port {port} ({PREFERRED_PORTS[name]} is in use)")
+        port = ports.get(name, DEFAULT_PORTS[name]) or free_port()
         extra: tuple[str, ...] = ()
         if name == "audit":
             extra = ("--dsn", f"sqlite:///{(workdir / 'audit.db').resolve()}")
@@ -170,6 +168,38 @@ def warm_members(config: HotseatConfig) -> list[tuple[str, str, str, float]]:
             continue
         sim = member.sim or SimMember()
         out.append((pool.name, name, backend.name, sim.load_seconds))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class WarmTarget:
+    """A pool whose members the controller loads at start, before any request."""
+
+    pool: str
+    members: tuple[str, ...]
+    """Its ``default`` member, and its ``pinned`` ones."""
+    expected_s: float | None
+    """How long loading them should take (a sim pool's ``loadSeconds``; else unknown)."""
+    timeout_s: float
+    """How long to wait for them at most: the expected time, else ``swapTimeout`` per
+    member (past which the controller gives the load up)."""
+
+
+def warm_targets(config: HotseatConfig, *, margin_s: float) -> list[WarmTarget]:
+    """The members a controller warms at start, pool by pool: ``hotseat up`` says "ready"
+    once every one of them is resident. A pool with no default and nothing pinned is left
+    cold until its first request."""
+    out: list[WarmTarget] = []
+    for pool in config.pools:
+        names = [m.name for m in pool.members if m.name == pool.default or m.pinned]
+        if not names:
+            continue
+        expected: float | None = None
+        if pool.driver.kind == "sim":
+            members = [pool.member(n) for n in names]
+            expected = sum((m.sim or SimMember()).load_seconds for m in members if m is not None)
+        timeout = (expected if expected is not None else pool.swap_timeout * len(names)) + margin_s
+        out.append(WarmTarget(pool.name, tuple(names), expected, timeout))
     return out
 
 

@@ -3,20 +3,25 @@
 Algorithm:
 
 1. Load and validate the config (exit 1 with every error).
-2. NATS and Redis: reuse the servers named by ``HOTSEAT_NATS_URL`` / ``HOTSEAT_REDIS_URL``
-   when set and answering, else launch private ones on free ports with their data in a
-   temp dir (never whatever listens on the default ports).
+2. NATS and Redis: reuse the servers named by ``--nats-url`` / ``--redis-url`` (or
+   ``HOTSEAT_NATS_URL`` / ``HOTSEAT_REDIS_URL``) when set and answering, else launch
+   private ones on free ports with their data in a temp dir (never whatever listens on
+   the default ports).
 3. One ``hotseat-sim`` per loopback backend (:mod:`hotseat.stack_plan` decides which):
    pooled members start unloaded, unpooled backends start loaded.
-4. The services that are installed, each on its own port: ``hotseat-audit`` (SQLite in
-   the temp dir) and ``hotseat-controller`` on the ports ``hotseat audit`` and ``hotseat
-   status`` default to (8082, 8090) when free, then ``hotseat-router`` on ``--port``. One not
+4. The services that are installed, each on its fixed port (the one the other commands
+   default to, :data:`~hotseat.stack_plan.DEFAULT_PORTS`; moved by ``--port``,
+   ``--controller-port``, ``--audit-port``, 0 for any free one): ``hotseat-audit``
+   (SQLite in the temp dir) and ``hotseat-controller``, then ``hotseat-router``. A port
+   in use stops ``hotseat up`` before it starts anything, naming the flag. One not
    installed yet is skipped with a note. Everyone gets the same NATS, Redis, subject and
    key prefixes. Without a controller, each pool's default member is loaded directly so
    that the printed examples answer.
-5. Wait until every part is ready and each pool's default member is resident, print
-   ``<name> <url>`` per part and a curl and an OpenAI SDK example, record the URLs for
-   the other commands (:mod:`hotseat.up_state`), then stay in the foreground.
+5. Wait until every part is ready and the members the controller warms at start (each
+   pool's ``default`` and ``pinned`` ones) are resident, with a progress line per pool
+   while they load; print ``<name> <url>`` per part and a curl and an OpenAI SDK
+   example, record the URLs for the other commands (:mod:`hotseat.up_state`), then stay
+   in the foreground.
 6. On SIGINT or SIGTERM (or when a part dies) stop everything that was started, newest
    first, within :data:`STOP_BUDGET_S`, and exit.
 
@@ -33,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -52,13 +57,16 @@ from hotseat.launcher import (
     start_redis,
 )
 from hotseat.stack_plan import (
+    PORT_FLAGS,
     ServicePlan,
     SimPlan,
+    WarmTarget,
     examples,
     plan_services,
     plan_sims,
     port_in_use,
     warm_members,
+    warm_targets,
 )
 from hotseat.up_state import remove_state, write_state
 from hotseat_common.config import ConfigError, HotseatConfig, load_config
@@ -72,6 +80,8 @@ EXIT_INTERRUPTED = 130
 SIM_READY_TIMEOUT_S = 60.0
 SERVICE_READY_TIMEOUT_S = 90.0
 WARM_MARGIN_S = 30.0
+PROGRESS_EVERY_S = 2.0
+"""While members load, a progress line at least this often (and at every change)."""
 STOP_BUDGET_S = 25.0
 """Everything is stopped within this, leaving margin under the promised 30 s."""
 SERVICE_SHUTDOWN_GRACE_S = 5
@@ -190,27 +200,28 @@ def _signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _start_infra(stack: Stack, workdir: Path) -> tuple[str, str]:
-    """NATS and Redis: the ones named by ``HOTSEAT_NATS_URL`` / ``HOTSEAT_REDIS_URL`` when
-    set and answering, else private ones. Servers that merely listen on the default ports
-    are never used unasked: their state would mix with this stack's."""
-    nats_url = os.environ.get("HOTSEAT_NATS_URL")
+def _start_infra(
+    stack: Stack, workdir: Path, nats_url: str | None, redis_url: str | None
+) -> tuple[str, str]:
+    """NATS and Redis: the ones named (``--nats-url`` / ``--redis-url``, else
+    ``HOTSEAT_NATS_URL`` / ``HOTSEAT_REDIS_URL``) when they answer, else private ones.
+    Servers that merely listen on the default ports are never used unasked: their state
+    would mix with this stack's."""
     if nats_url and nats_reachable(nats_url):
-        stack.say(f"hotseat up: reusing NATS at {nats_url} (HOTSEAT_NATS_URL)")
+        stack.say(f"hotseat up: reusing NATS at {nats_url}")
     else:
         if nats_url:
-            stack.say(f"hotseat up: HOTSEAT_NATS_URL {nats_url} does not answer; launching NATS")
+            stack.say(f"hotseat up: NATS at {nats_url} does not answer; launching one")
         nats = start_nats(workdir / "nats")
         stack.add(Tier("nats", [nats], stop_cap_s=3))
         nats_url = nats.url
     stack.part("nats", nats_url)
     stack.check_stop()
-    redis_url = os.environ.get("HOTSEAT_REDIS_URL")
     if redis_url and redis_reachable(redis_url):
-        stack.say(f"hotseat up: reusing Redis at {redis_url} (HOTSEAT_REDIS_URL)")
+        stack.say(f"hotseat up: reusing Redis at {redis_url}")
     else:
         if redis_url:
-            stack.say(f"hotseat up: HOTSEAT_REDIS_URL {redis_url} does not answer; launching Redis")
+            stack.say(f"hotseat up: Redis at {redis_url} does not answer; launching one")
         redis = start_redis(workdir / "redis")
         stack.add(Tier("redis", [redis], stop_cap_s=3))
         redis_url = redis.url
@@ -266,8 +277,22 @@ def _start_sims(stack: Stack, sims: Sequence[SimPlan], shared: Shared) -> None:
 
 def _start_services(stack: Stack, plans: Sequence[ServicePlan], shared: Shared) -> None:
     """Start ``plans`` at once and wait until all are ready."""
-    if not plans:
+    _ready(stack, _spawn_services(stack, plans, shared), plans)
+
+
+def _ready(stack: Stack, tier: Tier | None, plans: Sequence[ServicePlan]) -> None:
+    """Wait until the services ``plans`` of ``tier`` are ready; record their URLs."""
+    if tier is None:
         return
+    stack.wait_ready(tier, [f"{p.url}/readyz" for p in plans], SERVICE_READY_TIMEOUT_S)
+    for plan in plans:
+        stack.part(plan.name, plan.url)
+
+
+def _spawn_services(stack: Stack, plans: Sequence[ServicePlan], shared: Shared) -> Tier | None:
+    """Start ``plans`` at once (``None`` when there is none)."""
+    if not plans:
+        return None
     tier = stack.add(Tier("+".join(p.name for p in plans)))
     for plan in plans:
         argv = [
@@ -285,9 +310,7 @@ def _start_services(stack: Stack, plans: Sequence[ServicePlan], shared: Shared) 
                 env=shared.env,
             )
         )
-    stack.wait_ready(tier, [f"{p.url}/readyz" for p in plans], SERVICE_READY_TIMEOUT_S)
-    for plan in plans:
-        stack.part(plan.name, plan.url)
+    return tier
 
 
 def _warm(stack: Stack, config: HotseatConfig, sims: Sequence[SimPlan]) -> None:
@@ -304,26 +327,78 @@ def _warm(stack: Stack, config: HotseatConfig, sims: Sequence[SimPlan]) -> None:
 
 
 def _wait_warm(stack: Stack, config: HotseatConfig, controller_url: str) -> None:
-    """Until the controller has made each sim pool's default (or first) member resident,
-    so that the first request after "ready" is not held for a load."""
+    """Until the controller has made every member it warms at start resident, so that
+    the first request after "ready" is not held for a load; a line per pool as it goes."""
     with httpx.Client(timeout=PROBE) as client:
-        for pool, member, _backend, load_s in warm_members(config):
-            stack.say(f"hotseat up: waiting for {pool}/{member} to load")
-            deadline = time.monotonic() + load_s + WARM_MARGIN_S
-            while not _resident(client, f"{controller_url}/v1/pools/{pool}", member):
-                stack.check_stop()
-                if time.monotonic() > deadline:
-                    raise LaunchError(
-                        f"{pool}/{member} not resident after {load_s + WARM_MARGIN_S:.0f}s"
-                    )
-                time.sleep(0.05)
+        for target in warm_targets(config, margin_s=WARM_MARGIN_S):
+            _wait_pool_warm(stack, client, f"{controller_url}/v1/pools/{target.pool}", target)
 
 
-def _resident(client: httpx.Client, url: str, member: str) -> bool:
+def _wait_pool_warm(stack: Stack, client: httpx.Client, url: str, target: WarmTarget) -> None:
+    names = ", ".join(target.members)
+    started = time.monotonic()
+    said, said_at = "", started
+    while True:
+        stack.check_stop()
+        view = _pool_view(client, url)
+        now = time.monotonic()
+        if view is not None and set(target.members) <= _residents(view):
+            stack.say(f"hotseat up: {target.pool}: {names} resident")
+            return
+        if now - started > target.timeout_s:
+            raise LaunchError(f"{target.pool}: {names} not resident after {target.timeout_s:.0f}s")
+        state = _progress(view, names)
+        if state != said or now - said_at >= PROGRESS_EVERY_S:
+            stack.say(
+                f"hotseat up: {target.pool}: {state} ({_timing(view, target, now - started)})"
+            )
+            said, said_at = state, now
+        time.sleep(0.1)
+
+
+def _timing(view: dict[str, object] | None, target: WarmTarget, waited: float) -> str:
+    """``3s of ~8s``: the swap's own elapsed time where the controller says it (else the
+    time waited so far), and the expected one (measured, else the sims' load time)."""
+    elapsed = (view or {}).get("swap_elapsed_s")
+    shown = elapsed if isinstance(elapsed, int | float) else waited
+    expected = (view or {}).get("swap_expected_s") or target.expected_s
+    of = f" of ~{expected:.0f}s" if isinstance(expected, int | float) else ""
+    return f"{shown:.0f}s{of}"
+
+
+def _pool_view(client: httpx.Client, url: str) -> dict[str, object] | None:
     with contextlib.suppress(httpx.HTTPError, ValueError):
-        view = client.get(url).json()
-        return bool(view.get("phase") == "idle" and view.get("resident") == member)
-    return False
+        response = client.get(url)
+        if response.status_code == 200:
+            view = response.json()
+            return view if isinstance(view, dict) else None
+    return None
+
+
+def _residents(view: dict[str, object]) -> set[str]:
+    """The members that serve now (a capacity pool's view lists several)."""
+    found: set[str] = set()
+    residents = view.get("residents")
+    if isinstance(residents, list):
+        found.update(r for r in residents if isinstance(r, str))
+    resident = view.get("resident")
+    if isinstance(resident, str) and view.get("phase") == "idle":
+        found.add(resident)
+    return found
+
+
+def _progress(view: dict[str, object] | None, names: str) -> str:
+    """What the pool is doing on the way to warm, in a few words."""
+    if view is None:
+        return f"waiting for the controller to know the pool (to load {names})"
+    for step in ("unloading", "loading"):
+        member = view.get(step)
+        if isinstance(member, str):
+            return f"{step} {member}"
+    target = view.get("swapping")
+    if isinstance(target, str):
+        return f"swapping to {target} ({view.get('phase')})"
+    return f"{view.get('phase')}, {names} to load next"
 
 
 def _wait_healthy(stack: Stack, client: httpx.Client, url: str, timeout: float) -> bool:
@@ -356,7 +431,10 @@ class Request:
 
     config: HotseatConfig
     config_path: Path
-    router_port: int
+    ports: Mapping[str, int]
+    """Each service's port (missing: its default; 0: any free port)."""
+    nats_url: str | None
+    redis_url: str | None
     workdir: Path
     installed: Callable[[str], bool]
 
@@ -364,25 +442,36 @@ class Request:
 def _start(stack: Stack, ask: Request) -> None:
     sims, notes = plan_sims(ask.config)
     services, skipped = plan_services(
-        ask.router_port, ask.workdir, available=ask.installed, binary=_has_binary
+        ask.ports, ask.workdir, available=ask.installed, binary=_has_binary
     )
     for text in [*notes, *skipped]:
         stack.say(f"hotseat up: {text}")
-    ports = [(s.port, s.name) for s in sims] + [(p.port, p.name) for p in services]
-    for port, owner in ports:
-        if port_in_use(port):
-            raise LaunchError(f"port {port} for {owner} is already in use")
-    nats_url, redis_url = _start_infra(stack, ask.workdir)
+    for sim in sims:
+        if port_in_use(sim.port):
+            raise LaunchError(
+                f"port {sim.port} for {sim.name} is already in use (the address of backend "
+                f"{sim.backend} in the config)"
+            )
+    for plan in services:
+        if port_in_use(plan.port):
+            raise LaunchError(
+                f"port {plan.port} for the {plan.name} is already in use (another hotseat up?); "
+                f"choose another with {PORT_FLAGS[plan.name]} PORT, or 0 for any free port"
+            )
+    nats_url, redis_url = _start_infra(stack, ask.workdir, ask.nats_url, ask.redis_url)
     logs = ask.workdir / "logs"
     shared = Shared(ask.config_path, nats_url, redis_url, logs, _shared_env())
     _start_sims(stack, sims, shared)
     by_name = {p.name: p for p in services}
     _start_services(stack, [by_name[n] for n in ("audit", "controller") if n in by_name], shared)
-    _start_services(stack, [by_name[n] for n in ("router",) if n in by_name], shared)
+    # The members load while the router starts: their progress is shown meanwhile.
+    routers = [by_name[n] for n in ("router",) if n in by_name]
+    router_tier = _spawn_services(stack, routers, shared)
     if "controller" not in by_name:
         _warm(stack, ask.config, sims)
     else:
         _wait_warm(stack, ask.config, by_name["controller"].url)
+    _ready(stack, router_tier, routers)
     router = by_name.get("router")
     target, note = examples(ask.config, sims, router.url if router else None, python=sys.executable)
     _announce(stack, target, note, logs, write_state(dict(stack.lines), logs))
@@ -430,11 +519,16 @@ def _has_binary(entry_point: str) -> bool:
 def run_up(
     *,
     config_path: Path,
-    router_port: int,
+    ports: Mapping[str, int] | None = None,
+    nats_url: str | None = None,
+    redis_url: str | None = None,
     out: TextIO | None = None,
     available: Callable[[str], bool] = installed,
 ) -> int:
-    """Start infrastructure, sim backends and services; stop them all on SIGINT/SIGTERM."""
+    """Start infrastructure, sim backends and services; stop them all on SIGINT/SIGTERM.
+    ``ports`` maps a service to its port (missing: its default, 0: any free port);
+    ``nats_url`` / ``redis_url`` name servers to reuse (else ``HOTSEAT_NATS_URL`` /
+    ``HOTSEAT_REDIS_URL``; else private ones are launched)."""
     stack = Stack(out or sys.stdout)
     try:
         config = load_config(config_path)
@@ -451,7 +545,16 @@ def run_up(
     status = EXIT_OK
     with _signals(stack.stop_requested):
         try:
-            _start(stack, Request(config, config_path.resolve(), router_port, workdir, available))
+            ask = Request(
+                config,
+                config_path.resolve(),
+                dict(ports or {}),
+                nats_url or os.environ.get("HOTSEAT_NATS_URL") or None,
+                redis_url or os.environ.get("HOTSEAT_REDIS_URL") or None,
+                workdir,
+                available,
+            )
+            _start(stack, ask)
             status = _serve_until_stopped(stack)
         except Interrupted:
             status = EXIT_INTERRUPTED

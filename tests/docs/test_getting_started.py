@@ -12,7 +12,8 @@ Conventions of the page, which this test enforces:
 - ``<controller>`` and ``<audit>`` stand for the URLs ``make run`` printed for those parts,
   as the page tells the reader.
 
-The stack uses the ports the page shows (router 8080, sims 9101 and 9102) and the private
+The stack uses the ports the page shows (router 8080, controller 8090, audit 8082, sims
+9101 and 9102) and the private
 NATS and Redis ``make run`` starts; its subject, key and stream names get a unique prefix
 through the environment so that it cannot meet another stack.
 """
@@ -44,7 +45,7 @@ PAGE = ROOT / "docs" / "getting-started.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 PLACEHOLDER = re.compile(r"<(controller|audit|router|nats|redis)>")
 NEEDS_DOCKER = re.compile(r"^(docker|kubectl|helm)\b")
-PAGE_PORTS = (8080, 9101, 9102)
+PAGE_PORTS = (8080, 8090, 8082, 9101, 9102)
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,8 @@ def test_getting_started_commands_work_as_written(tmp_path: Path):
                 stack = Stack(line, env)
                 parts = stack.up.wait_ready(timeout=240)
                 assert parts["router"] == "http://127.0.0.1:8080", stack.up.output
+                assert parts["controller"] == "http://127.0.0.1:8090", stack.up.output
+                assert parts["audit"] == "http://127.0.0.1:8082", stack.up.output
                 stack.seen = descendants(stack.up.popen.pid)
                 continue
             assert stack is not None, "a command before make run"

@@ -77,9 +77,11 @@ def test_hotseat_up_runs_the_example_with_real_members(
         "HOTSEAT_SUBJECT_PREFIX": prefix,
         "HOTSEAT_KEY_PREFIX": prefix,
         "HOTSEAT_AUDIT_STREAM": f"{prefix}_AUDIT",
+        "HOTSEAT_STATE_DIR": str(tmp_path / "state"),
     }
     router_port = free_port()
-    argv = [find_binary("hotseat"), "up", "--config", str(config), "--port", str(router_port)]
+    argv = [find_binary("hotseat"), "up", "--config", str(config), "--port", str(router_port),
+            "--controller-port", "0", "--audit-port", "0"]  # fmt: skip
     up = Up.start(argv, env)
     children: set[int] = set()
     data = tmp_path / "members"

@@ -6,7 +6,15 @@ import shlex
 from pathlib import Path
 
 from hotseat.audit_cli import DEFAULT_URL as DEFAULT_AUDIT_URL
-from hotseat.stack_plan import example_model, examples, plan_services, plan_sims, warm_members
+from hotseat.stack_plan import (
+    WarmTarget,
+    example_model,
+    examples,
+    plan_services,
+    plan_sims,
+    warm_members,
+    warm_targets,
+)
 from hotseat.status_cli import DEFAULT_CONTROLLER_URL
 from hotseat_common.config import parse_config
 
@@ -59,11 +67,10 @@ def test_sims_for_local_plain_http_backends_only() -> None:
 def test_services_skip_what_is_not_installed(tmp_path: Path) -> None:
     """Only installed services are planned; the router takes --port, audit gets SQLite."""
     plans, skipped = plan_services(
-        8181,
+        {"router": 8181},
         tmp_path,
         available=lambda module: "router" not in module,
         binary=lambda _: True,
-        taken=lambda _: False,
     )
     assert [p.name for p in plans] == ["audit", "controller"]
     assert skipped == ["skipping router: hotseat_router.main is not installed yet"]
@@ -71,29 +78,56 @@ def test_services_skip_what_is_not_installed(tmp_path: Path) -> None:
     assert audit.extra_args == ("--dsn", f"sqlite:///{tmp_path.resolve() / 'audit.db'}")
     assert controller.uses_redis
     assert controller.extra_args == ("--audit-url", audit.url), "the console's timeline"
-    plans, _ = plan_services(
-        8181, tmp_path, available=lambda _: True, binary=lambda _: True, taken=lambda _: False
-    )
-    assert {p.name: p.port for p in plans} == {"audit": 8082, "controller": 8090, "router": 8181}
-    plans, skipped = plan_services(8181, tmp_path, available=lambda _: True, binary=lambda _: False)
+    plans, skipped = plan_services({}, tmp_path, available=lambda _: True, binary=lambda _: False)
     assert plans == []
     assert len(skipped) == 3
 
 
-def test_controller_and_audit_take_the_ports_the_commands_default_to_when_free(
-    tmp_path: Path,
-) -> None:
-    """The controller on 8090 (``hotseat status``'s default) and audit on 8082 (``hotseat
-    audit``'s); a port in use moves the service to a free one, with a note."""
-    plans, notes = plan_services(
-        8181, tmp_path, available=lambda _: True, binary=lambda _: True, taken=lambda p: p == 8090
-    )
-    ports = {p.name: p.port for p in plans}
-    assert ports["audit"] == 8082
-    assert ports["controller"] not in {8090, 8082, 8181}
-    assert notes == [f"controller on port {ports['controller']} (8090 is in use)"]
+def test_services_run_on_the_ports_the_commands_default_to_unless_moved(tmp_path: Path) -> None:
+    """By default the router on 8080 (the examples' base URL), the controller on 8090
+    (``hotseat status``'s default) and audit on 8082 (``hotseat audit``'s), fixed: a port
+    given moves a service, 0 picks a free one."""
+    plans, notes = plan_services({}, tmp_path, available=lambda _: True, binary=lambda _: True)
+    assert {p.name: p.port for p in plans} == {"audit": 8082, "controller": 8090, "router": 8080}
+    assert notes == []
     assert DEFAULT_CONTROLLER_URL.endswith(":8090")
     assert DEFAULT_AUDIT_URL.endswith(":8082")
+    plans, _ = plan_services(
+        {"router": 8181, "controller": 0, "audit": 9182},
+        tmp_path,
+        available=lambda _: True,
+        binary=lambda _: True,
+    )
+    ports = {p.name: p.port for p in plans}
+    assert (ports["router"], ports["audit"]) == (8181, 9182)
+    assert ports["controller"] not in {0, 8090, 8181, 9182}
+
+
+def test_warm_targets_are_what_the_controller_loads_at_start() -> None:
+    """Each pool's default and pinned members, with the sims' load time as the expected
+    one; a pool with neither is not waited for; others get swapTimeout per member."""
+    cfg = parse_config(
+        {
+            "pools": [
+                {"name": "gpu0", "default": "b", "driver": {"kind": "sim"},
+                 "members": [{"name": "a"}, {"name": "b", "sim": {"loadSeconds": 3}}]},
+                {"name": "cold", "members": [{"name": "c"}]},
+                {"name": "big", "default": "x", "capacity": {"gpuMemoryGiB": 48},
+                 "members": [{"name": "e", "memoryGiB": 6, "pinned": True,
+                              "sim": {"loadSeconds": 1}},
+                             {"name": "x", "memoryGiB": 20, "sim": {"loadSeconds": 4}},
+                             {"name": "y", "memoryGiB": 20}]},
+                {"name": "proc", "default": "p", "swapTimeout": "2m",
+                 "driver": {"kind": "process"},
+                 "members": [{"name": "p", "process": {"command": ["llama-server"]}}]},
+            ],
+        }
+    )  # fmt: skip
+    assert warm_targets(cfg, margin_s=30) == [
+        WarmTarget("gpu0", ("b",), 3.0, 33.0),
+        WarmTarget("big", ("e", "x"), 5.0, 35.0),
+        WarmTarget("proc", ("p",), None, 150.0),
+    ]
 
 
 def test_warm_members_are_sim_pool_defaults() -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from hotseat.launcher import Managed, find_binary, free_port, nats_reachable, redis_reachable
 from hotseat.up import STOP_BUDGET_S, installed
-from tests.up.harness import Up, descendants, gone, run_json, write_config
+from tests.up.harness import READY, Up, descendants, gone, run_json, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -47,6 +47,13 @@ def own_names(prefix: str) -> dict[str, str]:
     }
 
 
+def up_argv(config: Path, router_port: int, *more: str) -> list[str]:
+    """``hotseat up`` with every service on a free port of its own (the fixed defaults
+    are for one stack per machine; tests run many)."""
+    return [find_binary("hotseat"), "up", "--config", str(config), "--port", str(router_port),
+            "--controller-port", "0", "--audit-port", "0", *more]  # fmt: skip
+
+
 def sim_ports() -> dict[str, int]:
     return {name: free_port() for name in ("a", "b", "embed")}
 
@@ -68,9 +75,7 @@ def test_up_launches_private_infra_serves_and_stops_cleanly(tmp_path: Path, pref
     closed = free_port()
     router_port = free_port()
     env = stack_env(prefix, f"nats://127.0.0.1:{closed}", f"redis://127.0.0.1:{closed}/0")
-    up = Up.start(
-        [find_binary("hotseat"), "up", "--config", str(config), "--port", str(router_port)], env
-    )
+    up = Up.start(up_argv(config, router_port), env)
     children: set[int] = set()
     try:
         parts = up.wait_ready()
@@ -123,9 +128,7 @@ def test_up_reuses_running_infra_and_leaves_it_on_sigterm(
     """NATS and Redis that answer are reused, not restarted, and survive the stack's SIGTERM."""
     config = write_config(tmp_path / "hotseat.yaml", sim_ports())
     env = stack_env(prefix, nats_server.url, redis_server.url)
-    up = Up.start(
-        [find_binary("hotseat"), "up", "--config", str(config), "--port", str(free_port())], env
-    )
+    up = Up.start(up_argv(config, free_port()), env)
     children: set[int] = set()
     try:
         parts = up.wait_ready()
@@ -158,7 +161,7 @@ def test_up_without_services_targets_a_sim_directly(
     config = write_config(tmp_path / "hotseat.yaml", ports)
     program = (
         "import sys; from pathlib import Path; from hotseat.up import run_up; "
-        f"sys.exit(run_up(config_path=Path({str(config)!r}), router_port=1, "
+        f"sys.exit(run_up(config_path=Path({str(config)!r}), ports={{'router': 1}}, "
         "available=lambda module: False))"
     )
     up = Up.start(
@@ -191,9 +194,10 @@ def test_up_uses_only_the_servers_it_is_given_and_tells_the_other_commands(
 ) -> None:
     """With no HOTSEAT_NATS_URL / HOTSEAT_REDIS_URL, up launches private NATS and Redis
     even where servers answer on the default ports (their state would mix with this
-    stack's); "ready" comes only once the pool's default member is resident (a 3 s load);
-    ``hotseat status`` and ``hotseat audit`` find the controller and audit through the
-    recorded URLs, with no flag; the record is gone after the stop."""
+    stack's); "ready" comes only once the pool's default member is resident (an 8 s load),
+    after progress lines while it loads; ``hotseat status`` and ``hotseat audit`` find
+    the controller and audit through the recorded URLs, with no flag; the record is gone
+    after the stop."""
     for name in ("HOTSEAT_NATS_URL", "HOTSEAT_REDIS_URL", "HOTSEAT_CONTROLLER_URL",
                  "HOTSEAT_AUDIT_URL"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
@@ -204,10 +208,7 @@ def test_up_uses_only_the_servers_it_is_given_and_tells_the_other_commands(
     # The commands' default ports taken (by these sockets, or already by someone else): the
     # commands can find the controller and audit only through what up records.
     with _held(8090), _held(8082):
-        up = Up.start(
-            [find_binary("hotseat"), "up", "--config", str(config), "--port", str(free_port())],
-            env,
-        )
+        up = Up.start(up_argv(config, free_port()), env)
         try:
             parts = up.wait_ready()
         except BaseException:
@@ -223,6 +224,14 @@ def test_up_uses_only_the_servers_it_is_given_and_tells_the_other_commands(
         assert state.is_file()
         if "controller" in parts:
             assert not parts["controller"].endswith(":8090"), up.output
+            ready = up.lines.index(next(line for line in up.lines if line.startswith(READY)))
+            loading = [n for n, line in enumerate(up.lines) if line.startswith(LOADING_A)]
+            warm = [n for n, line in enumerate(up.lines) if line.startswith(WARM_A)]
+            # The first line as the load starts, another while it runs (8 s, longer than
+            # up's progress interval), then the warm one, all before "ready".
+            assert len(loading) >= 2, up.output
+            assert loading[-1] < warm[0] < ready, up.output
+            assert "s of ~8s)" in up.lines[loading[-1]], up.output
             pool = httpx.get(f"{parts['controller']}/v1/pools/gpu0", timeout=5).json()
             assert (pool["phase"], pool["resident"]) == ("idle", "a"), up.output
             assert parts["console"] == f"{parts['controller']}/ui", up.output
@@ -240,6 +249,10 @@ def test_up_uses_only_the_servers_it_is_given_and_tells_the_other_commands(
         up.kill_tree(children)
     assert code == 0, up.output
     assert not state.exists(), "the record of a stopped stack was left behind"
+
+
+LOADING_A = "hotseat up: gpu0: loading a ("
+WARM_A = "hotseat up: gpu0: a resident"
 
 
 def _hotseat(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -268,6 +281,31 @@ def _runs(pid: int, binary: bytes) -> bool:
         return binary in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+
+
+def test_a_services_port_in_use_stops_up_before_it_starts_anything(
+    tmp_path: Path, prefix: str
+) -> None:
+    """The services' ports are fixed: one in use is not swapped for another behind the
+    user's back (the commands would not find it); up exits 1 naming the port and the flag
+    that moves it, with nothing started."""
+    config = write_config(tmp_path / "hotseat.yaml", sim_ports())
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        argv = [find_binary("hotseat"), "up", "--config", str(config), "--port", str(free_port()),
+                "--controller-port", str(port), "--audit-port", "0"]  # fmt: skip
+        up = Up.start(argv, own_names(prefix))
+        try:
+            code = up.popen.wait(60)
+            up.wait_for(lambda line: "stopped in" in line, timeout=10)
+        finally:
+            up.kill_tree()
+    assert code == 1, up.output
+    assert f"port {port} for the controller is already in use" in up.output
+    assert "--controller-port" in up.output
+    assert not up.parts(), up.output  # no NATS, Redis or sim was started
 
 
 def test_up_rejects_an_invalid_config(tmp_path: Path) -> None:
