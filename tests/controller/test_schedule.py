@@ -381,6 +381,20 @@ def test_the_pool_view_shows_the_closed_resident_and_the_queue_in_order() -> Non
     assert pool_view(FAIR, replace(s, closed=False)).queue == ["embed", "coder"]
 
 
+def test_a_swap_in_flight_is_expected_to_take_its_targets_own_measured_time() -> None:
+    """The view's expected time of a swap in flight is the target's own measured swaps,
+    none before one was measured (a fast member's warm-up would make a slow load look
+    stuck); at rest it is the pool's mean."""
+    measured = {"swap_times": (0.4, 3.0), "member_swap_times": {"chat": (0.4,)}}
+    loading = snap(phase=Phase.LOADING, target="coder", started_ms=NOW - 1_000, **measured)
+    assert pool_view(POLICY, loading).swap_expected_s is None
+    assert pool_view(POLICY, loading).swap_remaining_s is None
+    known = replace(loading, member_swap_times={"chat": (0.4,), "coder": (3.0, 5.0)})
+    view = pool_view(POLICY, known)
+    assert (view.swap_expected_s, view.swap_elapsed_s, view.swap_remaining_s) == (4.0, 1.0, 3.0)
+    assert pool_view(POLICY, snap(resident="coder", **measured)).swap_expected_s == 1.7
+
+
 def test_a_new_resident_serves_the_requests_it_came_for_before_it_closes() -> None:
     """Just swapped in for its waiters, a resident is not closed while they re-ask, even
     if another member's waiter already waited maxWait: else every swap would be undone

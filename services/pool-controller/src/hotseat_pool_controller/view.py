@@ -2,14 +2,14 @@
 
 While a swap unloads or loads, nothing serves: the view names no resident, but the member
 being unloaded or loaded, how long the swap has run and how long it is expected to take
-(the pool's measured mean swap time; none before the first swap is measured)."""
+(the target's own measured swap time; none before a swap to it was measured)."""
 
 from __future__ import annotations
 
 from hotseat_common.messages import PoolView
 from hotseat_pool_controller.decisions.capacity import free_gib
 from hotseat_pool_controller.decisions.hold import measured_swap_s
-from hotseat_pool_controller.decisions.schedule import ranked
+from hotseat_pool_controller.decisions.schedule import ranked, swap_s
 from hotseat_pool_controller.model import IN_FLIGHT, Phase, PoolPolicy, PoolSnapshot
 
 
@@ -20,7 +20,10 @@ def _seconds(value: float | None) -> float | None:
 def pool_view(policy: PoolPolicy, snap: PoolSnapshot) -> PoolView:
     in_flight = snap.phase in IN_FLIGHT
     elapsed = max(0.0, (snap.now_ms - snap.started_ms) / 1000) if in_flight else None
-    expected = measured_swap_s(snap)
+    # In flight, the target's own measured swaps (as the scheduler's estimate): another
+    # member's load says nothing about this one's, and a 0.4 s warm-up would make a 3 s
+    # load look stuck. At rest, the pool's mean.
+    expected = swap_s(snap, snap.target) if in_flight else measured_swap_s(snap)
     remaining = None if elapsed is None or expected is None else max(0.0, expected - elapsed)
     queue = ranked(snap, excluding=None if snap.closed else snap.resident)
     if policy.has_capacity:

@@ -23,7 +23,9 @@ class PoolView(BaseModel):
     swap_elapsed_s: float | None = None
     """Time since the swap in flight began its unload."""
     swap_expected_s: float | None = None
-    """The pool's measured mean swap time; ``None`` until a swap has been measured."""
+    """While a swap is in flight, the mean measured time of recent swaps to its target
+    (``None`` before one was measured: another member's says nothing about this one's);
+    otherwise the pool's mean measured swap time (``None`` until a swap was measured)."""
     swap_remaining_s: float | None = None
     """Expected minus elapsed (at least 0) while a swap is in flight and measured."""
     epoch: int
