@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -33,16 +34,21 @@ def chromium_path() -> str:
     pytest.skip(message)
 
 
+StartStack = Callable[[dict[str, Any]], Stack]
+
+
 @pytest.fixture
-def console_stack(
+def start_console_stack(
     tmp_path: Path, prefix: str, nats_server: Managed, redis_server: Managed
-) -> Iterator[Stack]:
-    """judge (resident by default) and coder (a 3 s load, so a swap is seen running) on
-    one sim GPU; an audit service; a controller with ``HOTSEAT_AUDIT_URL``; a router."""
-    config = pool_stack_config(coder={"loadSeconds": 3.0})
-    stack = Stack(tmp_path, prefix, nats_server.url, redis_server.url, config)
-    audit: Managed | None = None
-    try:
+) -> Iterator[StartStack]:
+    """Start a stack for a config: its sims, an audit service, a controller with
+    ``HOTSEAT_AUDIT_URL``, a router."""
+    started: list[tuple[Stack, list[Managed]]] = []
+
+    def start(config: dict[str, Any]) -> Stack:
+        stack = Stack(tmp_path, prefix, nats_server.url, redis_server.url, config)
+        extra: list[Managed] = []
+        started.append((stack, extra))
         stack.start_sims()
         audit = start_service(
             "audit",
@@ -52,6 +58,7 @@ def console_stack(
             log_dir=tmp_path,
             env=stack.env,
         )
+        extra.append(audit)
         stack.controllers["c1"] = start_service(
             "controller-c1",
             "hotseat-controller",
@@ -61,11 +68,20 @@ def console_stack(
             env={**stack.env, "HOTSEAT_AUDIT_URL": audit.url},
         )
         stack.start_router()
-        yield stack
-    finally:
+        return stack
+
+    yield start
+    for stack, extra in started:
         stack.stop()
-        if audit is not None:
-            audit.stop(5)
+        for proc in extra:
+            proc.stop(5)
+
+
+@pytest.fixture
+def console_stack(start_console_stack: StartStack) -> Stack:
+    """judge (resident by default) and coder (a 3 s load, so a swap is seen running) on
+    one sim GPU."""
+    return start_console_stack(pool_stack_config(coder={"loadSeconds": 3.0}))
 
 
 @dataclass

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 from playwright.async_api import Browser
 
-from tests.console.conftest import open_console
+from tests.console.conftest import StartStack, open_console
+from tests.controller.test_capacity_e2e import capacity_config
 from tests.support.stack import Stack
 
 POOL = '[data-pool="gpu0"]'
@@ -116,5 +117,31 @@ async def test_admin_actions_ask_for_the_token_and_a_wrong_one_gets_401(
         f'{POOL}[data-resident="coder"][data-phase="idle"]', timeout=20_000
     )
     await stack.wait_resident("coder")
+    assert console.offline.refused == []
+    assert console.errors == []
+
+
+async def test_a_capacity_pool_shows_its_residents_side_by_side(
+    start_console_stack: StartStack, browser: Browser, tmp_path: Path
+) -> None:
+    """a and b (6 GiB each) in a 24 GiB pool: once both served, the card names both
+    residents and the free memory, and the timeline has a span on each member's track at
+    once (a loaded beside b, nobody unloaded)."""
+    stack = start_console_stack(capacity_config({"a": {"memoryGiB": 6}, "b": {"memoryGiB": 6}}))
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    async with httpx.AsyncClient(base_url=stack.routers[0].url, timeout=60) as client:
+        for member in ("a", "b"):
+            response = await client.post("/v1/chat/completions", json={**body, "model": member})
+            assert response.status_code == 200, response.text
+    console = await open_console(browser, stack.controller_url, tmp_path / "screenshots")
+    page = console.page
+    await page.wait_for_selector(f'{POOL}[data-residents="a b"][data-phase="idle"]')
+    line = await page.text_content(f"{POOL} .resident") or ""
+    assert "Residents: a, b" in line
+    assert "12 of 24 GiB free" in line
+    await page.wait_for_selector(f'{POOL} [data-track="a"] .span', timeout=45_000)
+    await page.wait_for_selector(f'{POOL} [data-track="b"] .span', timeout=45_000)
+    assert await page.locator(f'{POOL} .swap-bar[data-outcome="swap_completed"]').count() == 2
+    await console.shot("capacity-residents")
     assert console.offline.refused == []
     assert console.errors == []

@@ -184,6 +184,28 @@ def test_a_lost_resident_ends_its_span() -> None:
     assert [(s.member, s.end) for s in timeline.residency] == [("judge", T0 + timedelta(seconds=5))]
 
 
+def test_a_capacity_pools_residents_come_and_go_each_on_its_own() -> None:
+    """In a capacity pool a member loads beside the residents: only the member a plan
+    evicts leaves, and the residents no event named were there throughout."""
+    events = [
+        pool_event("swap_started", 20, epoch=4, swap_id="p-1", from_member="a",
+                   to_member="c", reason="evict_idle"),
+        pool_event("swap_completed", 23, epoch=4, swap_id="p-1", to_member="c"),
+        pool_event("swap_started", 40, epoch=5, swap_id="p-2", to_member="a", reason="fits"),
+        pool_event("swap_completed", 41, epoch=5, swap_id="p-2", to_member="a"),
+    ]  # fmt: skip
+    now = view(None, residents=["a", "b", "c"], capacity_gib=24.0, free_gib=2.0)
+    timeline = build_timeline(now, events, [], since=SINCE, until=UNTIL)
+    spans = {(s.member, s.start, s.end, s.before_window) for s in timeline.residency}
+    assert spans == {
+        ("a", SINCE, T0 + timedelta(seconds=20), True),
+        ("b", SINCE, UNTIL, True),
+        ("c", T0 + timedelta(seconds=23), UNTIL, False),
+        ("a", T0 + timedelta(seconds=41), UNTIL, False),
+    }
+    assert [s.reason for s in timeline.swaps] == ["evict_idle", "fits"]
+
+
 async def test_the_feed_reads_once_for_every_watcher_and_sends_only_changes() -> None:
     """Two watchers get the pools at once, then only what changed; a read serves both;
     closing the feed ends both watches."""

@@ -171,33 +171,59 @@ def _key(event: Mapping[str, Any]) -> tuple[str, object] | None:
 
 
 class _Residency:
-    def __init__(self, since: datetime) -> None:
+    """Who is resident, member by member. In a one-resident pool (``exclusive``) a swap's
+    start ends whoever was resident and a completion ends any other; in a capacity pool
+    only the members an event names come and go (ADR 0008)."""
+
+    def __init__(self, since: datetime, *, exclusive: bool) -> None:
         self.since = since
+        self.exclusive = exclusive
         self.spans: list[ResidencySpan] = []
-        self.member: str | None = None
-        self.start = since
-        self.seen = False
+        self.open: dict[str, datetime] = {}
+        self.seen: set[str] = set()
+        self.any_seen = False
+
+    def _close(self, member: str, at: datetime) -> None:
+        start = self.open.pop(member)
+        if at > start:
+            self.spans.append(
+                ResidencySpan(member=member, start=start, end=at, before_window=start == self.since)
+            )
 
     def leave(self, member: str | None, at: datetime) -> None:
-        """``member`` stops being resident at ``at`` (the first event may name who was
-        resident before the window)."""
-        if self.member is None and not self.seen and member:
-            self.member, self.start = member, self.since
-        self.seen = True
-        if self.member is not None and at > self.start:
-            self.spans.append(
-                ResidencySpan(
-                    member=self.member,
-                    start=self.start,
-                    end=at,
-                    before_window=self.start == self.since,
-                )
-            )
-        self.member = None
+        """``member`` stops being resident at ``at``; the first event that names it may
+        say it was resident before the window."""
+        first = not self.any_seen if self.exclusive else member not in self.seen
+        if member and first and member not in self.open:
+            self.open[member] = self.since
+        if member:
+            self.seen.add(member)
+        self.any_seen = True
+        leaving = list(self.open) if self.exclusive else [m for m in (member,) if m in self.open]
+        for name in leaving:
+            self._close(name, at)
 
     def enter(self, member: str | None, at: datetime) -> None:
-        self.seen = True
-        self.member, self.start = member, at
+        self.any_seen = True
+        if self.exclusive:
+            for name in list(self.open):
+                self._close(name, at)
+        if member:
+            self.seen.add(member)
+            if member in self.open:
+                self._close(member, at)
+            self.open[member] = at
+
+    def finish(self, until: datetime, current: Iterable[str]) -> list[ResidencySpan]:
+        """Close the open spans at ``until``; the residents now that no event named were
+        resident throughout."""
+        for member in current:
+            quiet = not self.any_seen if self.exclusive else member not in self.seen
+            if quiet and member not in self.open:
+                self.open[member] = self.since
+        for member in list(self.open):
+            self._close(member, until)
+        return sorted(self.spans, key=lambda span: (span.start, span.member))
 
 
 def _pair_swaps(
@@ -277,25 +303,16 @@ def build_timeline(
     """The timeline of ``view``'s pool over ``[since, until)`` from its pool events (swap
     and ``resident_lost`` outcomes) and its request events, in any order."""
     ordered = sorted(pool_events, key=_time)
-    residency = _Residency(since)
+    residency = _Residency(since, exclusive=view.capacity_gib is None)
     swaps = _pair_swaps(ordered, since, residency)
-    if not residency.seen and view.resident is not None:
-        residency.enter(view.resident, since)  # no transition in the window
-    if residency.member is not None and until > residency.start:
-        residency.spans.append(
-            ResidencySpan(
-                member=residency.member,
-                start=residency.start,
-                end=until,
-                before_window=residency.start == since,
-            )
-        )
+    current = view.residents or ([view.resident] if view.resident else [])
+    spans = residency.finish(until, current)
     _attribute(swaps, request_events)
     return Timeline(
         pool=view.name,
         since=since,
         until=until,
-        residency=residency.spans,
+        residency=spans,
         swaps=[s.model() for s in swaps],
         truncated=truncated,
     )

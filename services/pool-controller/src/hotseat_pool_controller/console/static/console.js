@@ -27,7 +27,7 @@ function el(tag, attrs, ...children) {
     else if (key === "style") node.setAttribute("style", value);
     else node.setAttribute(key, value === true ? "" : String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -63,21 +63,27 @@ function membersOf(view) {
   return known ? known.members : Object.keys(view.leases);
 }
 
+function residentsOf(view) {
+  if (view.residents && view.residents.length) return view.residents;
+  return view.resident ? [view.resident] : [];
+}
+
 function memberState(view, member) {
+  if ((view.evicting || []).includes(member)) return "unloading (evicted)";
   if (view.resident === member) return view.closed ? "resident (closed)" : "resident";
+  if (residentsOf(view).includes(member)) return "resident";
   if (view.unloading === member) return "unloading";
-  if (view.loading === member) return "loading";
+  if (view.phase === "loading" && view.swapping === member) return "loading";
   if (view.swapping === member) return "next";
   return "";
 }
 
 function swapBlock(view) {
   if (!view.swapping) return null;
-  const step = view.unloading
-    ? `unloading ${view.unloading}, then loading ${view.swapping}`
-    : view.loading
-      ? `loading ${view.loading}`
-      : `to ${view.swapping}, once ${view.resident || "the resident"} drains`;
+  const evicting = view.evicting && view.evicting.length ? view.evicting.join(", ") : view.unloading;
+  let step = `to ${view.swapping}, once ${view.resident || "the resident"} drains`;
+  if (view.phase === "unloading") step = `unloading ${evicting || "the resident"}, then loading ${view.swapping}`;
+  else if (view.phase === "loading") step = `loading ${view.swapping}`;
   const children = [el("div", { class: "swap-step", text: `Swap ${step}`, title: view.swap_id ? `swap ${view.swap_id}` : null })];
   if (view.swap_elapsed_s !== null && view.swap_elapsed_s !== undefined) {
     const expected = view.swap_expected_s;
@@ -114,7 +120,7 @@ function memberRows(view) {
   return membersOf(view).map((member) => {
     const position = queue.indexOf(member);
     const stateText = memberState(view, member);
-    const isResident = view.resident === member;
+    const isResident = residentsOf(view).includes(member);
     const action = isResident
       ? el("button", { type: "button", onclick: () => askAdmin(view.name, "unload", null) }, "Unload")
       : el("button", { type: "button", onclick: () => askAdmin(view.name, "swap", member) }, "Swap in");
@@ -154,6 +160,17 @@ function flags(view) {
 }
 
 function residentLine(view) {
+  if (view.capacity_gib !== null && view.capacity_gib !== undefined) {
+    const names = residentsOf(view);
+    const memory = `${view.free_gib ?? "?"} of ${view.capacity_gib} GiB free`;
+    return el(
+      "div",
+      { class: "resident" },
+      names.length ? "Residents: " : "Nothing resident",
+      names.map((m, i) => [i ? ", " : "", el("strong", { class: "resident-name" }, m)]),
+      el("span", { class: "muted" }, ` \u00b7 ${memory}`),
+    );
+  }
   if (view.resident) return el("div", { class: "resident" }, "Resident: ", el("strong", { class: "resident-name" }, view.resident));
   if (view.unloading || view.loading) return el("div", { class: "resident muted" }, "Nothing serves while the swap runs");
   return el("div", { class: "resident muted" }, "Nothing resident");
@@ -186,6 +203,7 @@ function renderPool(view) {
       "data-pool": view.name,
       "data-phase": view.phase,
       "data-resident": view.resident || "",
+      "data-residents": residentsOf(view).join(" "),
       "data-epoch": view.epoch,
     },
     el(
