@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 
 from hotseat.launcher import free_port
+from hotseat.status_cli import format_pools
+from hotseat_common.messages import PoolView
 from hotseat_sim.timeline import LedgerEntry, LedgerEvent
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
@@ -172,6 +174,9 @@ async def test_two_small_members_serve_while_a_third_loads(make_stack: Make) -> 
     assert (await on_b).status_code == 200
     state = await wait_residents(stack, {"a", "b", "c"})
     assert state["free_gib"] == 4
+    row = format_pools([PoolView.model_validate(state)]).splitlines()[1]  # `hotseat status`
+    assert row.split()[:2] == ["gpu0", "a,b,c"], row
+    assert "(4 of 24 GiB free)" in row, row
     ledger = await stack.judged_ledger()
     assert not [e for e in ledger if e.event is LedgerEvent.UNLOAD_START]
     c_start = index(ledger, events(ledger, LedgerEvent.LOAD_START, "c")[0])
