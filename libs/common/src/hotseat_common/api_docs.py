@@ -35,4 +35,7 @@ def serve_api_docs(app: FastAPI) -> None:
             swagger_js_url=f"{ASSETS_PATH}/swagger-ui-bundle.js",
             swagger_css_url=f"{ASSETS_PATH}/swagger-ui.css",
             swagger_favicon_url=f"{ASSETS_PATH}/favicon-32x32.png",
+            # Swagger UI would otherwise send the document to validator.swagger.io to
+            # draw a badge (in layouts that have one): nothing leaves the service.
+            swagger_ui_parameters={"validatorUrl": None},
         )
