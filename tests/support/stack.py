@@ -40,6 +40,8 @@ class Stack:
     controllers: dict[str, Managed] = field(default_factory=dict)
     routers: list[Managed] = field(default_factory=list)
     admin_token: str = "test-admin-token"
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """More variables for every process the stack starts (tracing, for one)."""
 
     def __post_init__(self) -> None:
         self.config_path = self.workdir / "hotseat.yaml"
@@ -56,6 +58,7 @@ class Stack:
             "HOTSEAT_AUDIT_STREAM": f"AUDIT_{self.prefix}",
             "HOTSEAT_ADMIN_TOKEN": self.admin_token,
             "HOTSEAT_CONFIG": str(self.config_path),
+            **self.extra_env,
         }
 
     # --- processes --------------------------------------------------------------------

@@ -46,6 +46,11 @@ class ServiceSettings(BaseSettings):
     instance: str | None = Field(
         default=None, description="Name of this replica in logs, metrics and audit events"
     )
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP endpoint to export traces to (e.g. http://127.0.0.1:4318;"
+        " needs the otel extra); unset: no traces",
+    )
 
 
 class RedisSettings(BaseSettings):

@@ -19,6 +19,7 @@ from hotseat_common.logging import get_logger
 from hotseat_common.metrics import PoolMetrics
 from hotseat_common.service import Readiness, ops_router
 from hotseat_common.subjects import Subjects
+from hotseat_common.tracing import Tracing, start_tracing
 from hotseat_pool_controller.admin import admin_router
 from hotseat_pool_controller.console import Console
 from hotseat_pool_controller.drivers import build_driver
@@ -35,7 +36,7 @@ from hotseat_pool_controller.store.pool import PoolStore
 log = get_logger(__name__)
 
 
-def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
+def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:  # noqa: PLR0915 - the lifespan wires every part, once
     registry = CollectorRegistry()
     readiness = Readiness()
     pools: dict[str, PoolRuntime] = {}
@@ -48,6 +49,7 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            tracing = _tracing(settings, controller, stack)
             # Every store script is safe to send twice (preconditions, idempotent writes),
             # so a command that met a connection broken by a Redis restart is resent.
             redis = RedisLink(settings, retries=2, name=controller)
@@ -63,7 +65,7 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
             audit.start()
             stack.push_async_callback(audit.close, settings.shutdown_grace)
             announcer = Announcer(nc, subjects, audit, metrics, controller)
-            for runtime in _runtimes(settings, config, redis, announcer, stack):
+            for runtime in _runtimes(settings, config, redis, announcer, stack, tracing=tracing):
                 pools[runtime.name] = runtime
                 answers[runtime.name] = runtime.answers
             health = StoreHealth(
@@ -72,7 +74,7 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:
                 timeout=settings.store_probe_timeout,
             )
             handlers = ActivationHandlers(
-                nc, subjects, answers, settings.max_concurrent_requests, health
+                nc, subjects, answers, settings.max_concurrent_requests, health, tracing=tracing
             )
             await handlers.start()
             loops = [
@@ -140,6 +142,8 @@ def _runtimes(
     redis: RedisLink,
     announcer: Announcer,
     stack: AsyncExitStack,
+    *,
+    tracing: Tracing,
 ) -> list[PoolRuntime]:
     """One runtime per configured pool, each with its store and its driver (closed by
     ``stack``)."""
@@ -150,8 +154,19 @@ def _runtimes(
         driver = build_driver(config, pool)
         stack.push_async_callback(driver.aclose)
         store = PoolStore(redis, keys, policy)
-        runtimes.append(PoolRuntime(pool, policy, store, driver, announcer, announcer.controller))
+        runtimes.append(
+            PoolRuntime(
+                pool, policy, store, driver, announcer, announcer.controller, tracing=tracing
+            )
+        )
     return runtimes
+
+
+def _tracing(settings: ControllerSettings, controller: str, stack: AsyncExitStack) -> Tracing:
+    """Traces if asked for (docs/adr/0010); what is buffered is exported at shutdown."""
+    tracing = start_tracing("controller", controller, settings.otlp_endpoint)
+    stack.push_async_callback(asyncio.to_thread, tracing.shutdown)
+    return tracing
 
 
 def _die_loudly(task: asyncio.Task[None]) -> None:

@@ -18,6 +18,7 @@ from nats.errors import Error as NatsError
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from hotseat_common import tracing as spans
 from hotseat_common.errors import ErrorCode
 from hotseat_common.headers import service_error
 from hotseat_common.logging import get_logger
@@ -33,6 +34,7 @@ from hotseat_common.messages import (
     WireModel,
 )
 from hotseat_common.subjects import CONTROLLER_QUEUE_GROUP, Subjects
+from hotseat_common.tracing import NO_TRACING, Kind, Tracing
 from hotseat_pool_controller.runtime.answers import PoolAnswers
 from hotseat_pool_controller.store.health import StoreHealth
 from hotseat_pool_controller.store.pool import ConflictError, Renewal
@@ -52,8 +54,11 @@ class ActivationHandlers:
         pools: Mapping[str, PoolAnswers],
         max_concurrent: int,
         health: StoreHealth | None = None,
+        *,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         self._nc = nc
+        self._tracing = tracing
         self._health = health
         self._subjects = subjects
         self._pools = pools
@@ -101,8 +106,7 @@ class ActivationHandlers:
         async with self._limit:
             headers: dict[str, str] | None = None
             try:
-                work = handler(msg.data)
-                reply = await (self._health.guard(work) if self._health else work)
+                reply = await self._answer(handler, msg)
             except ValidationError as exc:
                 reply = ErrorReply(code=ErrorCode.BAD_REQUEST, message=_short(exc))
                 headers = service_error(reply.message, 400)
@@ -124,6 +128,21 @@ class ActivationHandlers:
                 await self._nc.publish(msg.reply, reply.to_bytes(), headers=headers)
             except NatsError as exc:
                 log.warning("reply_failed", subject=msg.subject, error=type(exc).__name__)
+
+    async def _answer(self, handler: Handler, msg: Msg) -> WireModel:
+        """The handler's reply; an acquire in its span when tracing is on, continuing the
+        router's trace from the request's headers (a swap it starts joins it)."""
+        if not self._tracing.enabled or msg.subject != self._subjects.acquire:
+            work = handler(msg.data)
+            return await (self._health.guard(work) if self._health else work)
+        with self._tracing.span(
+            spans.ACQUIRE_SPAN, kind=Kind.SERVER, carrier=msg.headers or {}
+        ) as span:
+            work = handler(msg.data)
+            reply = await (self._health.guard(work) if self._health else work)
+            span.set(spans.SWAP_ID, getattr(reply, "swap_id", None))
+            span.set(spans.RESULT, getattr(reply, "status", None))
+            return reply
 
     def _unavailable(
         self, subject: str, message: str, header: str

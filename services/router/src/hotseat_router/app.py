@@ -14,6 +14,7 @@ and one line tallies what was served.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
@@ -38,6 +39,7 @@ from hotseat_common.logging import configure_logging, get_logger
 from hotseat_common.metrics import RouterMetrics
 from hotseat_common.service import Readiness, ops_router
 from hotseat_common.subjects import Subjects
+from hotseat_common.tracing import Tracing, start_tracing
 from hotseat_router.activation.factory import build_activation
 from hotseat_router.activation.protocol import ActivationClient
 from hotseat_router.asgi import Message, Receive, Scope, Send
@@ -67,7 +69,7 @@ from hotseat_router.upstream import UpstreamClient
 
 log = get_logger(__name__)
 
-ActivationFactory = Callable[[RouterSettings, NatsClient, HotseatConfig], ActivationClient]
+ActivationFactory = Callable[[RouterSettings, NatsClient, HotseatConfig, Tracing], ActivationClient]
 
 
 def _bearers(config: HotseatConfig) -> dict[str, str]:
@@ -171,6 +173,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         async with AsyncExitStack() as stack:
+            tracing = start_tracing("router", name, settings.otlp_endpoint)
+            stack.push_async_callback(asyncio.to_thread, tracing.shutdown)
             nc = await connect_nats(settings, name=f"hotseat-router-{name}")
             stack.push_async_callback(_drain, nc)
             js = nc.jetstream()
@@ -188,7 +192,7 @@ def create_app(
                 keepalive_s=settings.upstream_keepalive,
             )
             stack.push_async_callback(upstream.close)
-            activation = activation_factory(settings, nc, config)
+            activation = activation_factory(settings, nc, config, tracing)
             if isinstance(activation, AbstractAsyncContextManager):
                 await stack.enter_async_context(activation)
 
@@ -219,6 +223,7 @@ def create_app(
                 metrics=metrics,
                 router=name,
                 bearers=_bearers(config),
+                tracing=tracing,
             )
             relay = Relay(
                 audit=audit,
@@ -240,6 +245,7 @@ def create_app(
                 body_timeout=settings.body_timeout,
                 request_timeout=policy.request_timeout,
                 sensitive=frozenset(s.lower() for s in policy.classification.sensitive),
+                tracing=tracing,
             )
             readiness.add("config", lambda: True)
             readiness.add("nats", lambda: nc.is_connected)

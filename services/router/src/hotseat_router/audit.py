@@ -49,6 +49,7 @@ class RequestAudit:
         """Record the request's terminal outcome; later calls for the same request do nothing."""
         if not ctx.finish_once():
             return
+        ctx.outcome = outcome.value
         elapsed = ctx.elapsed()
         duration_ms = round(elapsed * 1000, 3)
         status = status if status is not None else ctx.status

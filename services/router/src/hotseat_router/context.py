@@ -47,6 +47,8 @@ class RequestContext:
     _swap_for_member: bool = False
     finished: bool = False
     """The terminal audit event was emitted."""
+    outcome: str | None = None
+    """That event's outcome."""
     response_done: bool = False
     """The last body message is being sent: a disconnect now is no longer an interruption."""
     interrupted: ErrorCode | None = None

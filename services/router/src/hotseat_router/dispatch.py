@@ -26,6 +26,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
+from hotseat_common import tracing as spans
 from hotseat_common.config.model import Backend, RouterPolicy, Tier
 from hotseat_common.errors import (
     ActivationTimeout,
@@ -39,6 +40,7 @@ from hotseat_common.errors import (
 from hotseat_common.logging import get_logger
 from hotseat_common.messages import WaitReply
 from hotseat_common.metrics import RouterMetrics
+from hotseat_common.tracing import NO_TRACING, Kind, Tracing
 from hotseat_router.activation.protocol import ActivationClient, Lease
 from hotseat_router.activation.scope import LeaseScope
 from hotseat_router.attempt import Attempt
@@ -111,7 +113,9 @@ class Dispatcher:
         metrics: RouterMetrics,
         router: str,
         bearers: dict[str, str],
+        tracing: Tracing = NO_TRACING,
     ) -> None:
+        self._tracing = tracing
         self._policy = policy
         self._pool_budgets = pool_budgets
         self._health = health
@@ -239,6 +243,26 @@ class Dispatcher:
         budget: float,
     ) -> Lease:
         """The lease; for a held stream answered early, a keep-alive at every interval."""
+        span = self._tracing.span(
+            spans.ACQUIRE_SPAN, {spans.POOL: pool, spans.MEMBER: member}, kind=Kind.CLIENT
+        )
+        with span as spanned:
+            try:
+                return await self._acquire_held(ctx, route, attempt, pool=pool, member=member,
+                                                budget=budget)  # fmt: skip
+            finally:
+                spanned.set(spans.SWAP_ID, ctx.swap_id)
+
+    async def _acquire_held(
+        self,
+        ctx: RequestContext,
+        route: Route,
+        attempt: Attempt,
+        *,
+        pool: str,
+        member: str,
+        budget: float,
+    ) -> Lease:
         held = ctx.held_stream
 
         def heard(reply: WaitReply) -> None:

@@ -13,10 +13,12 @@ import string
 from typing import NamedTuple
 from urllib.parse import quote
 
+from hotseat_common import tracing as spans
 from hotseat_common.errors import HotseatError
 from hotseat_common.logging import get_logger
 from hotseat_common.messages.audit import RequestOutcome
 from hotseat_common.metrics import RouterMetrics
+from hotseat_common.tracing import NO_TRACING, Kind, Span, Tracing
 from hotseat_router.asgi import Receive, Scope, Send
 from hotseat_router.audit import RequestAudit
 from hotseat_router.auth import ApiKeyCheck
@@ -64,7 +66,9 @@ class ProxyEndpoint:
         body_timeout: float,
         request_timeout: float,
         sensitive: frozenset[str],
+        tracing: Tracing = NO_TRACING,
     ) -> None:
+        self._tracing = tracing
         self._matcher = matcher
         self._dispatcher = dispatcher
         self._relay = relay
@@ -99,12 +103,20 @@ class ProxyEndpoint:
             api_key=key,
         )
         self._in_flight.inc()
+        span = self._tracing.span(
+            spans.REQUEST_SPAN, {spans.REQUEST_ID: ctx.request_id}, kind=Kind.SERVER
+        )
         try:
-            dispatched = await self._dispatch(
-                ctx, scope, receive, send, _Credentials(authorization, content_length)
-            )
-            if dispatched is not None:
-                await self._relay(ctx, dispatched, send)
+            with span as spanned:
+                try:
+                    dispatched = await self._dispatch(
+                        ctx, scope, receive, send, _Credentials(authorization, content_length)
+                    )
+                    if dispatched is not None:
+                        await self._relay(ctx, dispatched, send)
+                finally:
+                    if self._tracing.enabled:
+                        _describe(spanned, ctx)
         finally:
             ctx.stop_watching()
             self._in_flight.dec()
@@ -213,6 +225,20 @@ class ProxyEndpoint:
             return
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _describe(span: Span, ctx: RequestContext) -> None:
+    """The request span's attributes, from what the request's audit event reports."""
+    span.set(spans.OUTCOME, ctx.outcome)
+    span.set(spans.RULE, ctx.rule)
+    span.set(spans.BACKEND, ctx.backend)
+    span.set(spans.POOL, ctx.pool)
+    span.set(spans.MEMBER, ctx.member)
+    span.set(spans.SWAP_ID, ctx.swap_id)
+    span.set(spans.STATUS, ctx.status)
+    if ctx.usage is not None:
+        span.set(spans.INPUT_TOKENS, ctx.usage.prompt_tokens)
+        span.set(spans.OUTPUT_TOKENS, ctx.usage.completion_tokens)
 
 
 class _Credentials(NamedTuple):

@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from hotseat_common.config.model import Pool
 from hotseat_common.logging import get_logger
+from hotseat_common.tracing import NO_TRACING, Tracing
 from hotseat_pool_controller.decisions.capacity import free_gib
 from hotseat_pool_controller.decisions.tick import decide_tick
 from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
@@ -40,6 +41,8 @@ class PoolRuntime:
         driver: ResidencyDriver,
         announcer: Announcer,
         controller: str,
+        *,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         self.pool = pool
         self.policy = policy
@@ -48,7 +51,7 @@ class PoolRuntime:
         self._controller = controller
         self._wake = asyncio.Event()
         outcomes = Outcomes(store, announcer)
-        runner = SwapRunner(store, driver, policy, controller, outcomes)
+        runner = SwapRunner(store, driver, policy, controller, outcomes, tracing=tracing)
         self.swaps = Swaps(runner, announcer, policy.name, self._wake)
         self._transitions = Transitions(store, driver, outcomes, self.swaps)
         self._recovery = Recovery(store, driver, self._transitions, announcer)

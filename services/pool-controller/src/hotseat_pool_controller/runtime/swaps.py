@@ -26,12 +26,15 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 
 from redis.exceptions import RedisError
 
+from hotseat_common import tracing as spans
 from hotseat_common.logging import get_logger
 from hotseat_common.messages import PoolOutcome
+from hotseat_common.tracing import NO_TRACING, Span, Tracing
 from hotseat_pool_controller.decisions.swap import (
     decide_begin_load,
     decide_commit,
@@ -151,7 +154,10 @@ class SwapRunner:
         policy: PoolPolicy,
         controller: str,
         outcomes: Outcomes,
+        *,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
+        self._tracing = tracing
         self._store = store
         self._driver = driver
         self._policy = policy
@@ -178,7 +184,25 @@ class SwapRunner:
         return decision
 
     async def run(self, order: SwapOrder) -> str:
-        """Run the swap; returns ``completed``, ``cancelled``, ``failed`` or ``lost``."""
+        """Run the swap; returns ``completed``, ``cancelled``, ``failed`` or ``lost``. Its
+        span (when tracing is on) continues the trace of the acquire that started it."""
+        about = {
+            spans.SWAP_ID: order.swap_id or None,
+            spans.POOL: self._policy.name,
+            spans.MEMBER: order.target or None,
+            spans.EPOCH: order.epoch,
+        }
+        with self._tracing.span(spans.SWAP_SPAN, about) as span:
+            result = await self._run(order)
+            span.set(spans.RESULT, result)
+            return result
+
+    def _driving(self, name: str, member: str, order: SwapOrder) -> AbstractContextManager[Span]:
+        """The span of one driver command of the swap."""
+        about = {spans.SWAP_ID: order.swap_id or None, spans.MEMBER: member}
+        return self._tracing.span(name, about)
+
+    async def _run(self, order: SwapOrder) -> str:
         epoch = order.epoch
         result = "lost"
         snap = await self._store.snapshot()
@@ -209,8 +233,9 @@ class SwapRunner:
                         return result
                     if order.target:
                         await self._still_owner(order)
-                        async with claim.driving():
-                            await self._driver.load(order.target, epoch=epoch)
+                        with self._driving(spans.DRIVER_LOAD_SPAN, order.target, order):
+                            async with claim.driving():
+                                await self._driver.load(order.target, epoch=epoch)
                         await self._restore(order, claim, tally)
                     await self._step(
                         lambda s: decide_commit(s, epoch, self._controller, self._policy),
@@ -274,7 +299,8 @@ class SwapRunner:
                 report = await self._caches.save_caches(member)
                 await self._still_owner(order)  # the save took a while: still ours?
             self._cache_step(report, tally)
-        await self._driver.unload(member, epoch=order.epoch)
+        with self._driving(spans.DRIVER_UNLOAD_SPAN, member, order):
+            await self._driver.unload(member, epoch=order.epoch)
 
     async def _restore(self, order: SwapOrder, claim: _Claim, tally: _CacheTally) -> None:
         """The target is loaded and not yet resident: restore its slots before the commit."""

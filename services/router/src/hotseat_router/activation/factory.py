@@ -12,6 +12,7 @@ from nats.aio.client import Client as NatsClient
 
 from hotseat_common.config.model import HotseatConfig
 from hotseat_common.subjects import Subjects
+from hotseat_common.tracing import NO_TRACING, Tracing
 from hotseat_router.activation.direct import DirectActivation
 from hotseat_router.activation.nats import NatsActivationClient
 from hotseat_router.activation.protocol import ActivationClient
@@ -19,10 +20,13 @@ from hotseat_router.settings import RouterSettings, router_name
 
 
 def build_activation(
-    settings: RouterSettings, nc: NatsClient, config: HotseatConfig
+    settings: RouterSettings,
+    nc: NatsClient,
+    config: HotseatConfig,
+    tracing: Tracing = NO_TRACING,
 ) -> ActivationClient:
     if not config.pools:
         return DirectActivation()
     return NatsActivationClient(
-        nc, Subjects(settings.subject_prefix), router_name(settings, config)
+        nc, Subjects(settings.subject_prefix), router_name(settings, config), tracing=tracing
     )

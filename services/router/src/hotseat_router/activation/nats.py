@@ -59,6 +59,7 @@ from hotseat_common.messages import (
     WireModel,
 )
 from hotseat_common.subjects import Subjects
+from hotseat_common.tracing import NO_TRACING, Tracing
 from hotseat_router.activation.held import HeldLeases
 from hotseat_router.activation.protocol import Lease, OnWait
 
@@ -83,8 +84,11 @@ class _PoolSignal:
 
 
 class NatsActivationClient:
-    def __init__(self, nc: NatsClient, subjects: Subjects, router: str) -> None:
+    def __init__(
+        self, nc: NatsClient, subjects: Subjects, router: str, *, tracing: Tracing = NO_TRACING
+    ) -> None:
         self._nc = nc
+        self._tracing = tracing
         self._subjects = subjects
         self._router = router
         self._signals: dict[str, _PoolSignal] = {}
@@ -125,7 +129,12 @@ class NatsActivationClient:
         self._signal(event.pool).bump()
 
     async def _request(self, subject: str, message: WireModel, timeout: float) -> bytes:
-        response = await self._nc.request(subject, message.to_bytes(), timeout=timeout)
+        # The trace context (when tracing is on) goes with the question: the controller's
+        # span of it joins the request's trace (docs/adr/0010).
+        headers = self._tracing.headers()
+        response = await self._nc.request(
+            subject, message.to_bytes(), timeout=timeout, headers=headers
+        )
         return bytes(response.data)
 
     # --- acquire ----------------------------------------------------------------------
