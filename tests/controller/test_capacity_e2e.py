@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from hotseat.launcher import free_port
+from hotseat.launcher import find_binary, free_port
 from hotseat.status_cli import format_pools
 from hotseat_common.messages import PoolView
+from hotseat_pool_controller.drivers.processgroup import read_pid_file
 from hotseat_sim.timeline import LedgerEntry, LedgerEvent
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
@@ -350,3 +353,57 @@ async def test_a_controller_killed_during_an_eviction_never_goes_over_capacity(
     b_gone = index(ledger, events(ledger, LedgerEvent.UNLOADED, "b")[0])
     big_start = index(ledger, events(ledger, LedgerEvent.LOAD_START, "big")[0])
     assert big_start > b_gone
+
+
+async def test_process_driver_runs_co_resident_members_and_stops_only_the_evicted(
+    make_stack: Make, tmp_path: Path
+) -> None:
+    """The process driver with sim servers as its members' commands: a and b run as two
+    processes at once; c evicts one of them (the cheaper to start again, as measured):
+    its process is gone and its port closed, the other's is the same one and serves on."""
+    data = tmp_path / "data"
+    config = capacity_config(
+        {
+            "a": {"memoryGiB": 6},
+            "b": {"memoryGiB": 6},
+            "c": {"memoryGiB": 16},
+        }
+    )
+    sim = find_binary("hotseat-sim")
+    pool = config["pools"][0]
+    pool["driver"] = {"kind": "process", "stopGracePeriod": "2s", "dataDir": str(data)}
+    for member in pool["members"]:
+        member["process"] = {
+            "command": [
+                sim, "--config", str(tmp_path / "hotseat.yaml"), "--backend", member["name"],
+                "--load-on-start", "true", "--log-format", "console",
+            ]
+        }  # fmt: skip
+    stack = make_stack(config)
+    stack.start_controller("c1")
+    stack.start_router()
+    await stack.wait_pool_known()
+    url = stack.routers[0].url
+    for member in ("a", "b"):
+        response = await chat(url, member)
+        assert response.status_code == 200, response.text
+    await wait_residents(stack, {"a", "b"})
+    pids = {m: read_pid_file(data / "gpu0" / f"{m}.pid") for m in ("a", "b")}
+    assert (await chat(url, "c")).status_code == 200
+    started_events = [e for e in await stack.settled_audit() if e["outcome"] == "swap_started"]
+    evicted = started_events[-1]["evicts"]  # the cheaper reload (its measured start time)
+    (kept,) = {"a", "b"} - {evicted}
+    await wait_residents(stack, {kept, "c"})
+    port = next(
+        int(b["address"].rsplit(":", 1)[1]) for b in config["backends"] if b["name"] == evicted
+    )
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0, f"{evicted} still listens"
+    assert read_pid_file(data / "gpu0" / f"{evicted}.pid") is None
+    before, now = pids[kept], read_pid_file(data / "gpu0" / f"{kept}.pid")
+    assert before is not None
+    assert now is not None
+    assert now.pid == before.pid, f"{kept} was restarted"
+    assert (await chat(url, kept)).status_code == 200
+    ledger = await stack.judged_ledger()
+    assert [e.member for e in ledger if e.event is LedgerEvent.UNLOADED] == [evicted]

@@ -53,9 +53,11 @@ def resolve_profile(config: HotseatConfig, backend_name: str) -> SimProfile:
     sim = member.sim if member is not None and member.sim is not None else SimMember()
     capacity: float | None = None
     if pool is not None and isinstance(pool.driver, SimDriver):
+        capacity = pool.driver.gpu_memory_gi_b
+    if pool is not None and pool.capacity is not None:
         # A capacity pool's memory is the simulated GPU's (docs/adr/0008), and a member's
-        # declared memoryGiB is what its sim holds.
-        capacity = pool.capacity.total_gib if pool.capacity else pool.driver.gpu_memory_gi_b
+        # declared memoryGiB is what its sim holds, whichever driver runs the sims.
+        capacity = pool.capacity.total_gib
         if member is not None and member.memory_gi_b is not None:
             sim = sim.model_copy(update={"memory_gi_b": member.memory_gi_b})
     saves = None
