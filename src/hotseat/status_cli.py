@@ -38,7 +38,8 @@ def _residents(p: PoolView) -> str:
 
 
 def _swap(p: PoolView) -> str:
-    """The swap's target, and while it runs its step and time: ``coder (loading 3s of ~8s)``."""
+    """The swap's target, and while it runs its step, its time and its id (for ``hotseat
+    audit swap ID``): ``coder (loading 3s of ~8s, swap gpu0-1764768000123)``."""
     if p.swapping is None:
         return "-"
     evicting = ",".join(p.evicting) or p.unloading
@@ -49,6 +50,8 @@ def _swap(p: PoolView) -> str:
     progress = f"{step} {p.swap_elapsed_s:.0f}s"
     if p.swap_expected_s is not None:
         progress += f" of ~{p.swap_expected_s:.0f}s"
+    if p.swap_id is not None:
+        progress += f", swap {p.swap_id}"
     return f"{p.swapping} ({progress.strip()})"
 
 

@@ -82,8 +82,10 @@ async def test_the_pool_view_during_a_swap_says_what_is_true(make_stack: Make) -
     )
     assert unloading["swapping"] == "coder"
     assert unloading["swap_elapsed_s"] >= 0
+    assert unloading["swap_id"] is not None
     loading = await eventually(lambda: _in_phase(stack, "loading"), interval=0.02)
     assert (loading["resident"], loading["unloading"], loading["loading"]) == (None, None, "coder")
+    assert loading["swap_id"] == unloading["swap_id"]  # one swap, one id, through its phases
     assert loading["swap_elapsed_s"] >= unloading["swap_elapsed_s"]
     if loading["swap_expected_s"] is not None:  # the warm-up of judge was measured
         expected_left = loading["swap_expected_s"] - loading["swap_elapsed_s"]
@@ -93,10 +95,12 @@ async def test_the_pool_view_during_a_swap_says_what_is_true(make_stack: Make) -
     done = await stack.pool()
     assert (done["resident"], done["unloading"], done["loading"]) == ("coder", None, None)
     assert done["swap_elapsed_s"] is None
+    assert done["swap_id"] is None  # no swap in flight
     assert done["swap_expected_s"] is not None, "the swap just run was not measured"
     row = table.splitlines()[1]
     assert row.split()[:3] == ["gpu0", "-", "loading"], table  # nothing resident mid-swap
     assert "coder (loading " in row, table
+    assert f", swap {loading['swap_id']})" in row, table  # for `hotseat audit swap ID`
     await stack.assert_invariants()
 
 
