@@ -1,10 +1,14 @@
-"""Router benchmark: throughput and latency of direct-to-upstream vs the Hotseat router vs a
-minimal FastAPI + httpx proxy (the yardstick), non-streaming and streaming, at several
-concurrency levels, and the router with one worker vs two.
+"""Router benchmark: throughput, latency and CPU per request of direct-to-upstream vs the
+Hotseat router vs a minimal FastAPI + httpx proxy (the yardstick) vs vllm-router (a
+compiled OpenAI-compatible load balancer, when installed), non-streaming and streaming,
+at several concurrency levels, and the router with one worker vs two.
 
 Needs ``wrk`` (Debian: ``apt-get install -y wrk``), ``node`` and ``taskset``. The proxy
 under test runs on core 0; the upstream (Node's http module), the load generator and NATS
-run on core 1, so the proxy has one core of its own.
+run on core 1, so the proxy has one core of its own. vllm-router is a comparison only:
+install it in a virtualenv of its own (``python -m venv /opt/vr && /opt/vr/bin/pip
+install vllm-router``) and pass ``--vllm-router /opt/vr/bin/vllm-router`` (or have it on
+PATH).
 
     .venv/bin/python bench/router_bench.py [--duration 5] [--connections 1,8,64]
 
@@ -30,7 +34,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from hotseat.launcher import Managed, find_binary, free_port, spawn, start_nats, wait_for_http  # noqa: E402
+from hotseat.launcher import (  # noqa: E402
+    Managed,
+    find_binary,
+    free_port,
+    spawn,
+    start_nats,
+    wait_for_http,
+)
 
 PROXY_CORE = "0"
 LOAD_CORE = "1"
@@ -178,6 +189,27 @@ def start_yardstick(upstream: str, workdir: Path) -> Managed:
     return proc
 
 
+def start_vllm_router(binary: str, upstream: str, workdir: Path) -> Managed:
+    port = free_port()
+    argv = [
+        "taskset", "-c", PROXY_CORE, binary, "--host", "127.0.0.1", "--port", str(port),
+        "--worker-urls", upstream, "--policy", "round_robin", "--log-level", "warning",
+        "--disable-retries", "--disable-circuit-breaker",
+    ]  # fmt: skip
+    proc = spawn("vllm-router", argv, url=f"http://127.0.0.1:{port}", log_path=workdir / "v.log")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.post(proc.url + "/v1/chat/completions", json=BODY, timeout=2).is_success:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    else:
+        sys.exit(f"vllm-router did not answer: {proc.log_text()[-2000:]}")
+    return proc
+
+
 def measure(
     target: str,
     url: str,
@@ -233,29 +265,47 @@ def verdicts(results: list[Result], connections: list[int]) -> list[str]:
             check(
                 f"{mode} c=1 router p50 overhead",
                 router.p50_ms - direct.p50_ms,
-                1.0,
+                0.5,
                 " ms",
                 at_most=True,
             )
+        router8 = find(results, "router-1w", mode, 8)
+        if router8:
+            check(
+                f"{mode} c=8 router p99/p50", router8.p99_ms / router8.p50_ms, 5, "x", at_most=True
+            )
         for c in (c for c in connections if c >= 8):
+            router, vr = find(results, "router-1w", mode, c), find(results, "vllm-router", mode, c)
+            if router and vr and router.cpu_us and vr.cpu_us:
+                check(
+                    f"{mode} c={c} router/vllm-router CPU per request",
+                    router.cpu_us / vr.cpu_us,
+                    2,
+                    "x",
+                    at_most=True,
+                )
             router, yard = find(results, "router-1w", mode, c), find(results, "yardstick", mode, c)
             if router and yard:
                 check(f"{mode} c={c} router/yardstick throughput", router.rps / yard.rps, 1.5, "x")
-        r8, r64 = find(results, "router-1w", mode, 8), find(results, "router-1w", mode, 64)
-        if r8 and r64:
-            check(f"{mode} router c=64 vs c=8 throughput", r64.rps / r8.rps, 0.8, "x")
         top = max(connections)
         one, two = find(results, "router-1w", mode, top), find(results, "router-2w", mode, top)
         if one and two:
             check(f"{mode} c={top} two workers vs one", two.rps / one.rps, 1.6, "x")
-        direct, router = find(results, "direct", mode, top), find(results, "router-1w", mode, top)
-        if direct and router:
-            check(
-                f"{mode} c={top} upstream headroom (direct/router)",
-                direct.rps / router.rps,
-                10,
-                "x",
-            )
+    return lines
+
+
+def table(results: list[Result]) -> list[str]:
+    """The results as a Markdown table (for docs/benchmarks.md)."""
+    lines = [
+        "| target | mode | c | req/s | p50 ms | p99 ms | CPU µs/req |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        cpu = f"{r.cpu_us:.0f}" if r.cpu_us is not None else ""
+        lines.append(
+            f"| {r.target} | {r.mode} | {r.connections} | {r.rps:.0f} | {r.p50_ms:.2f}"
+            f" | {r.p99_ms:.2f} | {cpu} |"
+        )
     return lines
 
 
@@ -266,8 +316,13 @@ def main() -> int:
     parser.add_argument("--connections", default="1,8,64", help="concurrency levels")
     parser.add_argument(
         "--targets",
-        default="direct,router,yardstick,workers",
+        default="direct,router,yardstick,vllm-router,workers",
         help="what to measure (comma-separated subset of the default)",
+    )
+    parser.add_argument(
+        "--vllm-router",
+        default=shutil.which("vllm-router"),
+        help="the vllm-router binary (default: on PATH; skipped when absent)",
     )
     args = parser.parse_args()
     args.connections = [int(c) for c in args.connections.split(",")]
@@ -321,6 +376,13 @@ def main() -> int:
                 procs.append(yard)
                 results += measure("yardstick", yard.url + path, args, workdir, modes, pid=yard.pid)
                 yard.stop()
+            if "vllm-router" in targets and args.vllm_router:
+                vr = start_vllm_router(args.vllm_router, upstream, workdir)
+                procs.append(vr)
+                results += measure("vllm-router", vr.url + path, args, workdir, modes, pid=vr.pid)
+                vr.stop()
+            elif "vllm-router" in targets:
+                print("vllm-router not installed: skipped (see --vllm-router)", flush=True)
             if "workers" in targets:
                 router2 = start_router(config, nats, workdir, workers=2, cores="0,1")
                 procs.append(router2)
@@ -336,6 +398,9 @@ def main() -> int:
                 proc.stop()
             node.terminate()
             node.wait(5)
+    print()
+    for line in table(results):
+        print(line)
     print("\ntargets:")
     for line in verdicts(results, args.connections):
         print(line)

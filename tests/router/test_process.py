@@ -137,14 +137,75 @@ async def test_two_workers_serve(upstream, nats_server, prefix, tmp_path):
         router_args(nats_server, prefix, config, "--workers", "2"),
         port=free_port(),
         log_dir=tmp_path,
+        timeout=120,  # two workers importing the app on a loaded host
     )
     try:
         # Each worker logs once its lifespan is up; there is no other signal to await.
-        await eventually(lambda: _logged(proc, "router_started", times=2), timeout=60)
+        await eventually(lambda: _logged(proc, "router_started", times=2), timeout=120)
         async with httpx.AsyncClient(timeout=10) as http:
             for _ in range(4):
                 response = await http.post(f"{proc.url}{CHAT}", json={"model": "m"})
                 assert response.status_code == 200
                 assert response.headers["x-hotseat-backend"] == "a"
+    finally:
+        proc.stop()
+
+
+def _served(metrics: str) -> float:
+    """The served requests a scrape counts, all rules and backends together."""
+    total = 0.0
+    for line in metrics.splitlines():
+        if line.startswith("hotseat_router_requests_total{") and 'outcome="served"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_two_workers_count_every_request_whichever_answers_the_scrape(
+    upstream, nats_server, prefix, tmp_path
+):
+    """--workers 2 with prometheus-client's multiprocess mode: each worker writes its
+    samples to the shared directory, and a scrape, whichever worker answers it, counts
+    the requests both served (no in-flight request is left counted)."""
+    a = await upstream("a")
+    config = write_config(
+        tmp_path, [{"name": "a", "address": a.url}], defaultRoute="a", unknownModels="DefaultRoute"
+    )
+    shared = tmp_path / "metrics"
+    shared.mkdir()
+    (shared / "counter_1.db").write_bytes(b"stale")  # a previous run's: removed at start
+    proc = await asyncio.to_thread(
+        start_service,
+        "router",
+        "hotseat-router",
+        router_args(nats_server, prefix, config, "--workers", "2"),
+        port=free_port(),
+        log_dir=tmp_path,
+        env={"PROMETHEUS_MULTIPROC_DIR": str(shared)},
+        timeout=120,
+    )
+    try:
+        await eventually(lambda: _logged(proc, "router_started", times=2), timeout=120)
+        sent = 0
+
+        async def both_served() -> bool:
+            nonlocal sent
+            # A new connection each time: the kernel hands it to either worker.
+            async with httpx.AsyncClient(timeout=10) as http:
+                response = await http.post(f"{proc.url}{CHAT}", json={"model": "m"})
+            assert response.status_code == 200
+            sent += 1
+            return len(list(shared.glob("counter_*.db"))) >= 2
+
+        await eventually(both_served, timeout=120)
+        for _ in range(6):
+            async with httpx.AsyncClient(timeout=10) as http:
+                metrics = (await http.get(f"{proc.url}/metrics")).text
+            assert _served(metrics) == sent
+            assert "hotseat_router_in_flight_requests" in metrics
+            in_flight = [
+                line for line in metrics.splitlines()
+                if line.startswith("hotseat_router_in_flight_requests{")
+            ]  # fmt: skip
+            assert all(float(line.rsplit(" ", 1)[1]) == 0 for line in in_flight), in_flight
     finally:
         proc.stop()

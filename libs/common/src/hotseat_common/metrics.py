@@ -24,6 +24,7 @@ class AuditPublishMetrics:
         self.buffered = Gauge(
             "hotseat_audit_events_buffered",
             "Audit events waiting to be published.",
+            multiprocess_mode="livesum",
             registry=registry,
         )
         self.published = Counter(
@@ -59,12 +60,14 @@ class RouterMetrics:
             "hotseat_router_in_flight_requests",
             "Requests currently being handled.",
             ["router"],
+            multiprocess_mode="livesum",
             registry=registry,
         )
         self.backend_healthy = Gauge(
             "hotseat_router_backend_healthy",
             "1 when the backend is in rotation, 0 while quarantined.",
             ["router", "backend"],
+            multiprocess_mode="livemin",
             registry=registry,
         )
         self.upstream_attempts = Counter(
@@ -111,6 +114,7 @@ class RouterMetrics:
             "hotseat_pool_held_requests",
             "Requests currently held waiting for a pool member.",
             ["router", "pool", "member"],
+            multiprocess_mode="livesum",
             registry=registry,
         )
         self.audit_publish = AuditPublishMetrics(registry)

@@ -4,6 +4,7 @@ an ASGI app under uvicorn with a graceful SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ import orjson
 import uvicorn
 from fastapi import APIRouter, FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from hotseat_common.settings import ServiceSettings
 
@@ -54,9 +56,11 @@ def ops_router(readiness: Readiness, registry: CollectorRegistry) -> APIRouter:
             status_code=200 if ready else 503,
         )
 
+    exposed = exposition_registry(registry)
+
     @router.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(exposed), media_type=CONTENT_TYPE_LATEST)
 
     return router
 
@@ -84,6 +88,24 @@ class _Server(uvicorn.Server):
         for hook in self._hooks:
             hook()
         await super().shutdown(sockets)
+
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""prometheus-client's multiprocess mode: set (to a directory the processes share) before
+the workers of one service start, each worker writes its samples there."""
+
+
+def exposition_registry(registry: CollectorRegistry) -> CollectorRegistry:
+    """What ``/metrics`` answers: ``registry``, or, when the process is one of several
+    workers (:data:`MULTIPROC_ENV` set), every worker's samples merged (counters and
+    histograms summed, each gauge as its ``multiprocess_mode`` says), whichever worker
+    the scrape reached."""
+    path = os.environ.get(MULTIPROC_ENV)
+    if not path:
+        return registry
+    merged = CollectorRegistry()
+    MultiProcessCollector(merged, path=path)  # type: ignore[no-untyped-call]
+    return merged
 
 
 def run_app(
@@ -117,7 +139,10 @@ def run_app(
         "factory": factory,
     }
     if workers > 1:
-        uvicorn.run(app, workers=workers, **options)
+        # A worker answers its supervisor's health pings only once it has imported the
+        # app: on a loaded host that takes more than uvicorn's default 5 s, and the
+        # supervisor would kill and restart it for ever.
+        uvicorn.run(app, workers=workers, timeout_worker_healthcheck=60, **options)
     else:
         hooks = [] if isinstance(app, str) else getattr(app.state, SHUTDOWN_HOOKS, [])
         _Server(uvicorn.Config(app, **options), hooks).run()

@@ -27,7 +27,7 @@ from typing import Any, cast
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from nats.aio.client import Client as NatsClient
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, multiprocess
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route, request_response
 
@@ -37,7 +37,7 @@ from hotseat_common.connections import connect_nats
 from hotseat_common.errors import HotseatError
 from hotseat_common.logging import configure_logging, get_logger
 from hotseat_common.metrics import RouterMetrics
-from hotseat_common.service import Readiness, ops_router
+from hotseat_common.service import MULTIPROC_ENV, Readiness, ops_router
 from hotseat_common.subjects import Subjects
 from hotseat_common.tracing import Tracing, start_tracing
 from hotseat_router.activation.factory import build_activation
@@ -249,20 +249,20 @@ def create_app(
             )
             readiness.add("config", lambda: True)
             readiness.add("nats", lambda: nc.is_connected)
-            frozen = freeze_startup_heap()
             log.info(
                 "router_started",
                 router=name,
                 backends=len(config.backends),
                 rules=len(config.rules),
                 api_keys=auth.enabled,
-                frozen_objects=frozen,
+                frozen_objects=freeze_startup_heap(),
             )
             try:
                 yield {"proxy": proxy}
             finally:
                 readiness.shutting_down = True
                 log.info("router_stopping", tally=_tally(metrics, name))
+                _leave_merged_metrics()
 
     app = RouterApp(
         title="Hotseat router",
@@ -408,6 +408,13 @@ def _tally(metrics: RouterMetrics, name: str) -> dict[str, int]:
                 outcome = sample.labels["outcome"]
                 counts[outcome] = counts.get(outcome, 0) + math.floor(sample.value)
     return counts
+
+
+def _leave_merged_metrics() -> None:
+    """A worker of several that stops takes its live gauges (in flight, held) out of the
+    merged ``/metrics`` (prometheus-client's multiprocess mode)."""
+    if os.environ.get(MULTIPROC_ENV):
+        multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
 
 async def _drain(nc: NatsClient) -> None:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from functools import partial
+from pathlib import Path
 
 from pydantic import SecretStr
 
 from hotseat_common.config import ConfigError, load_config
 from hotseat_common.logging import configure_logging
-from hotseat_common.service import run_app
+from hotseat_common.service import MULTIPROC_ENV, run_app
 from hotseat_common.settings import load_settings
 from hotseat_router.app import create_app
 from hotseat_router.connection import LimitedHttpProtocol
@@ -32,6 +35,25 @@ def _as_env(settings: RouterSettings) -> dict[str, str]:
             value = value.get_secret_value()
         env["HOTSEAT_" + name.upper()] = str(value)
     return env
+
+
+@contextlib.contextmanager
+def _shared_metrics_dir() -> Iterator[None]:
+    """The workers' shared metrics directory (prometheus-client's multiprocess mode): the
+    operator's (``PROMETHEUS_MULTIPROC_DIR``, emptied of a previous run's files), else a
+    private one removed at exit."""
+    given = os.environ.get(MULTIPROC_ENV)
+    if given:
+        for stale in Path(given).glob("*.db"):
+            stale.unlink()
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="hotseat-router-metrics-") as path:
+        os.environ[MULTIPROC_ENV] = path
+        try:
+            yield
+        finally:
+            del os.environ[MULTIPROC_ENV]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,13 +85,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return_large_blocks_to_the_os()
     if settings.workers > 1:
         os.environ.update(_as_env(settings))
-        run_app(
-            "hotseat_router.app:app_from_env",
-            settings,
-            workers=settings.workers,
-            factory=True,
-            http=http,
-        )
+        with _shared_metrics_dir():
+            run_app(
+                "hotseat_router.app:app_from_env",
+                settings,
+                workers=settings.workers,
+                factory=True,
+                http=http,
+            )
     else:
         run_app(create_app(settings, config), settings, http=http)
     return 0
