@@ -143,7 +143,7 @@ async def serving(stack: Stack, member: str) -> None:
 
 
 async def test_two_small_members_serve_while_a_third_loads(make_stack: Make) -> None:
-    """a and b (6 GiB each) are resident together; c (8 GiB, a slow load) fits beside
+    """a and b (6 GiB each) are resident together; c (8 GiB, a 10 s load) fits beside
     them: it loads with no unload and no drain, and a and b serve throughout."""
     stack = started(
         make_stack(
@@ -151,7 +151,9 @@ async def test_two_small_members_serve_while_a_third_loads(make_stack: Make) -> 
                 {
                     "a": {"memoryGiB": 6},
                     "b": {"memoryGiB": 6},
-                    "c": {"memoryGiB": 8, "sim": {"loadSeconds": 2.0}},
+                    # A long load: the requests sent once it began reach a and b before it ends
+                    # even on a loaded machine.
+                    "c": {"memoryGiB": 8, "sim": {"loadSeconds": 10.0}},
                 }
             )
         )
@@ -346,7 +348,7 @@ async def test_a_controller_killed_during_an_eviction_never_goes_over_capacity(
     stack.controllers[owner].kill()
     response = await request
     assert response.status_code == 200, response.text
-    await wait_residents(stack, {"a", "big"}, timeout=30)
+    await wait_residents(stack, {"a", "big"}, timeout=90)
     verdict = await stack.assert_invariants()
     assert verdict.summary()["over_capacity"] == 0
     ledger = await stack.ledger()
