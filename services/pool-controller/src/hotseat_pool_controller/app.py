@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
 
 from hotseat_common.api_docs import serve_api_docs
@@ -16,6 +18,7 @@ from hotseat_common.config.model import HotseatConfig
 from hotseat_common.connections import connect_nats
 from hotseat_common.keys import Keys
 from hotseat_common.logging import get_logger
+from hotseat_common.messages import PoolStateChanged
 from hotseat_common.metrics import PoolMetrics
 from hotseat_common.service import Readiness, ops_router
 from hotseat_common.subjects import Subjects
@@ -77,9 +80,14 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI: 
                 nc, subjects, answers, settings.max_concurrent_requests, health, tracing=tracing
             )
             await handlers.start()
+            await _wake_on_state_changes(nc, subjects, pools)
             loops = [
                 asyncio.create_task(
-                    p.supervise(settings.tick_interval, settings.reconcile_interval),
+                    p.supervise(
+                        settings.tick_interval,
+                        settings.reconcile_interval,
+                        settings.idle_tick_interval,
+                    ),
                     name=f"supervise-{p.name}",
                 )
                 for p in pools.values()
@@ -179,3 +187,22 @@ def _die_loudly(task: asyncio.Task[None]) -> None:
     import signal  # noqa: PLC0415
 
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+async def _wake_on_state_changes(
+    nc: NatsClient, subjects: Subjects, pools: dict[str, PoolRuntime]
+) -> None:
+    """A state change any replica announces wakes this replica's supervisor of the pool,
+    if it is quiet (a swap another replica started is this one's to take over if its
+    owner goes silent)."""
+
+    async def on_change(msg: Msg) -> None:
+        try:
+            changed = PoolStateChanged.from_bytes(msg.data)
+        except ValueError:
+            return
+        runtime = pools.get(changed.pool)
+        if runtime is not None:
+            runtime.stir()
+
+    await nc.subscribe(subjects.pool_events_all, cb=on_change)

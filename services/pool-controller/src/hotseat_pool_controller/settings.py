@@ -18,6 +18,12 @@ class ControllerSettings(ServiceSettings, RedisSettings):
     tick_interval: float = Field(
         default=0.5, gt=0, description="Seconds between supervisor ticks when nothing happens"
     )
+    idle_tick_interval: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds between supervisor ticks of a pool with no lease, waiter or swap"
+        " (any request, release or state change wakes it at once)",
+    )
     reconcile_interval: float = Field(
         default=2.0, gt=0, description="Seconds between resident health checks"
     )

@@ -6,6 +6,8 @@ resident marked unhealthy once its last lease ends."""
 
 from __future__ import annotations
 
+import math
+
 from hotseat_common.messages import PoolOutcome, SwapReason
 from hotseat_pool_controller.decisions.busy import incumbent_busy, needs_slots
 from hotseat_pool_controller.decisions.capacity import decide_capacity_tick
@@ -48,6 +50,37 @@ def decide_tick(  # noqa: PLR0911 - one move per state of the pool
     if demand is None:
         return _without_demand(snap, policy, controller, slots_busy)
     return _toward(snap, policy, controller, demand, slots_busy)
+
+
+def quiet_for_ms(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> float | None:
+    """How long the pool has nothing to do that a tick would find by itself.
+
+    ``None`` when it has work of its own (and for a pool with ``capacity``, whose
+    residents are not looked at here): a lease or a waiter (leases are reaped, waiters
+    served, a busy incumbent closed at ``maxWait``), a swap or a drain (its owner may go
+    silent), an unknown or unhealthy state, or anything this tick would decide now; its
+    supervisor then ticks at its usual interval. Otherwise the milliseconds until the
+    first moment a tick could decide something without a request (an idle unload falling
+    due, a member's failure backoff ending, a relearning window closing), ``math.inf``
+    when there is none: the supervisor may sleep that long (requests, releases and other
+    replicas' state changes wake it earlier)."""
+    if policy.has_capacity:
+        return None  # several residents: supervised on every tick, as before
+    if snap.phase != Phase.IDLE or snap.unhealthy or snap.closed:
+        return None
+    if any(n > 0 for n in snap.leases.values()) or any(n > 0 for n in snap.waiters.values()):
+        return None
+    if decide_tick(snap, policy, controller) is not NOTHING:
+        return None
+    moments = [float(ttl) for ttl in snap.failures.values() if ttl > 0]
+    if snap.relearn_ms > snap.now_ms:
+        moments.append(float(snap.relearn_ms - snap.now_ms))
+    resident = snap.resident
+    after = policy.idle_unload_ms.get(resident) if resident is not None else None
+    if after is not None and resident != policy.default:
+        idle_since = max(snap.committed_ms, snap.released_ms)
+        moments.append(float(max(0, idle_since + after - snap.now_ms)))
+    return min(moments, default=math.inf)
 
 
 def _without_demand(

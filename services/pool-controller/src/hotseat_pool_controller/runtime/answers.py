@@ -27,6 +27,24 @@ from hotseat_pool_controller.view import pool_view
 log = get_logger(__name__)
 
 
+class Stir:
+    """Wakes a quiet pool's supervisor (``quiet`` is the supervisor's to set) at the first
+    sign of life: a lease asked for or renewed here, or another replica's state change.
+    Costs nothing while the pool is busy (the supervisor ticks on its timer anyway)."""
+
+    def __init__(self, wake: asyncio.Event) -> None:
+        self._wake = wake
+        self.quiet = False
+        self.stirs = 0
+        """Signs of life so far: a supervisor that saw one during its tick is not quiet."""
+
+    def __call__(self) -> None:
+        self.stirs += 1
+        if self.quiet:
+            self.quiet = False
+            self._wake.set()
+
+
 class PoolAnswers:
     def __init__(
         self,
@@ -37,6 +55,7 @@ class PoolAnswers:
         recovery: Recovery,
         announcer: Announcer,
         wake: asyncio.Event,
+        stir: Stir | None = None,
     ) -> None:
         self.policy: PoolPolicy = store.policy
         self._store = store
@@ -46,6 +65,7 @@ class PoolAnswers:
         self._announcer = announcer
         self._wake = wake
         """Set when a request may let the pool move: its supervisor ticks at once."""
+        self._stir = stir or Stir(wake)
 
     @property
     def name(self) -> str:
@@ -55,6 +75,7 @@ class PoolAnswers:
         return pool_view(self.policy, await self._store.snapshot())
 
     async def acquire(self, request: AcquireRequest) -> Reply:
+        self._stir()
         lease_id = uuid.uuid4().hex
         fast = await self._store.grant_if_resident(
             request.member,
@@ -83,6 +104,7 @@ class PoolAnswers:
         return released.removed
 
     async def renew(self, request: RenewRequest) -> Renewed:
+        self._stir()
         return await self._store.renew(
             request.member,
             request.lease_id,

@@ -2,6 +2,12 @@
 loop (tick on every local trigger and on a timer, reap expired leases, check the
 resident).
 
+A pool with no lease, no waiter and no swap is *quiet*: its supervisor reads the store
+only every ``idle_tick_interval`` (or at the first moment a tick could decide something
+by itself, :func:`~hotseat_pool_controller.decisions.tick.quiet_for_ms`) and checks the
+resident's health from the driver alone. Any acquire, renewal, release or cancel here,
+and any state change another replica announces, wakes it at once.
+
 Everything durable is in Redis (:class:`~hotseat_pool_controller.store.pool.PoolStore`);
 what a replica keeps in memory (its running swap tasks, a health-failure counter) any
 other replica can rebuild.
@@ -11,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
@@ -18,11 +25,11 @@ from hotseat_common.config.model import Pool
 from hotseat_common.logging import get_logger
 from hotseat_common.tracing import NO_TRACING, Tracing
 from hotseat_pool_controller.decisions.capacity import free_gib
-from hotseat_pool_controller.decisions.tick import decide_tick
+from hotseat_pool_controller.decisions.tick import decide_tick, quiet_for_ms
 from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
-from hotseat_pool_controller.model import NOTHING, Phase, PoolPolicy
+from hotseat_pool_controller.model import NOTHING, Phase, PoolPolicy, PoolSnapshot
 from hotseat_pool_controller.runtime.announcer import Announcer
-from hotseat_pool_controller.runtime.answers import PoolAnswers
+from hotseat_pool_controller.runtime.answers import PoolAnswers, Stir
 from hotseat_pool_controller.runtime.outcomes import Outcomes
 from hotseat_pool_controller.runtime.recovery import Recovery
 from hotseat_pool_controller.runtime.swaps import SwapRunner, Swaps
@@ -50,6 +57,7 @@ class PoolRuntime:
         self._announcer = announcer
         self._controller = controller
         self._wake = asyncio.Event()
+        self.stir = Stir(self._wake)
         outcomes = Outcomes(store, announcer)
         runner = SwapRunner(store, driver, policy, controller, outcomes, tracing=tracing)
         self.swaps = Swaps(runner, announcer, policy.name, self._wake)
@@ -62,48 +70,49 @@ class PoolRuntime:
             recovery=self._recovery,
             announcer=announcer,
             wake=self._wake,
+            stir=self.stir,
         )
 
     @property
     def name(self) -> str:
         return self.policy.name
 
-    async def tick(self, *, reap: bool = True) -> None:
-        """Reap (on the timer), then move the pool forward (one replica wins each transition)."""
+    async def tick(self, *, reap: bool = True) -> PoolSnapshot | None:
+        """Reap (on the timer), then move the pool forward (one replica wins each
+        transition). Returns the state read, when nothing was changed since (no lease
+        reaped, nothing decided): what the supervisor may sleep on."""
         snap = await self._store.snapshot()
         if snap.phase == Phase.UNKNOWN:
             await self._recovery.rebuild()
-            return
+            return None
         free = free_gib(snap, self.policy) if self.policy.has_capacity else None
         self._announcer.observe(self.name, snap, free)
-        if reap:
-            for lease in await self._store.reap():
-                self._announcer.lease_expired(self.name, lease)
-        elif decide_tick(snap, self.policy, self._controller) is NOTHING:
-            return  # woken by a release or a cancel, and there is nothing to move
+        reaped = await self._store.reap() if reap else []
+        for lease in reaped:
+            self._announcer.lease_expired(self.name, lease)
+        if not reaped and decide_tick(snap, self.policy, self._controller) is NOTHING:
+            return snap  # nothing expired and nothing to move
         await self._transitions.decide(
             lambda s, busy: decide_tick(s, self.policy, self._controller, slots_busy=busy)
         )
+        return None
 
-    async def supervise(self, tick_interval: float, reconcile_interval: float) -> None:
-        """Tick on every local trigger and on a timer; check the resident periodically."""
-        next_health = time.monotonic()
-        next_reap = time.monotonic()
+    async def supervise(
+        self, tick_interval: float, reconcile_interval: float, idle_interval: float = 5.0
+    ) -> None:
+        """Tick on every local trigger and on a timer (every ``idle_interval`` at most
+        while the pool is quiet); check the resident every ``reconcile_interval``."""
+        plan = _Plan(tick_interval, reconcile_interval, idle_interval)
         while True:
             try:
-                async with asyncio.timeout(tick_interval):
+                async with asyncio.timeout(plan.wait()):
                     await self._wake.wait()
             except TimeoutError:
                 pass
+            woken = self._wake.is_set()
             self._wake.clear()
             try:
-                reap = time.monotonic() >= next_reap
-                if reap:
-                    next_reap = time.monotonic() + tick_interval
-                await self.tick(reap=reap)
-                if time.monotonic() >= next_health:
-                    next_health = time.monotonic() + reconcile_interval
-                    await self._recovery.check_resident()
+                await self._step(plan, woken=woken)
             except RedisError as exc:
                 log.warning("supervisor_store_unreachable", pool=self.name, error=str(exc))
             except DriverError as exc:
@@ -112,3 +121,47 @@ class PoolRuntime:
                 # Heavy contention (leases coming and going on the resident) made every
                 # attempt's precondition break; the next tick decides afresh. Not fatal.
                 log.warning("supervisor_decision_contended", pool=self.name, error=str(exc))
+            self.stir.quiet = plan.quiet_until is not None
+
+    async def _step(self, plan: _Plan, *, woken: bool) -> None:
+        """One turn of the supervisor: a tick (or, quiet and not woken, only the health
+        check), then the health check when it is due."""
+        now = time.monotonic()
+        if plan.quiet_until is not None and not woken and now < plan.quiet_until:
+            # Quiet, and only the health check is due: the driver alone.
+            plan.next_health = now + plan.reconcile_interval
+            await self._recovery.check_resident(known=plan.snap)
+            return
+        reap = plan.quiet_until is not None or now >= plan.next_reap
+        if reap:
+            plan.next_reap = now + plan.tick_interval
+        plan.quiet_until = plan.snap = None
+        stirs = self.stir.stirs
+        snap = await self.tick(reap=reap)
+        quiet = quiet_for_ms(snap, self.policy, self._controller) if snap else None
+        if quiet is not None and self.stir.stirs == stirs:
+            plan.snap = snap
+            plan.quiet_until = now + min(plan.idle_interval, max(plan.tick_interval, quiet / 1000))
+        if time.monotonic() >= plan.next_health:
+            plan.next_health = time.monotonic() + plan.reconcile_interval
+            await self._recovery.check_resident(known=plan.snap)
+
+
+@dataclass(slots=True)
+class _Plan:
+    """When a pool's supervisor next reaps, ticks and checks the resident."""
+
+    tick_interval: float
+    reconcile_interval: float
+    idle_interval: float
+    next_reap: float = field(default_factory=time.monotonic)
+    next_health: float = field(default_factory=time.monotonic)
+    quiet_until: float | None = None
+    """Set while the pool is quiet: its next tick (earlier if woken)."""
+    snap: PoolSnapshot | None = None
+    """The quiet pool as its last tick read it."""
+
+    def wait(self) -> float:
+        if self.quiet_until is None:
+            return self.tick_interval
+        return max(0.0, min(self.quiet_until, self.next_health) - time.monotonic())

@@ -73,11 +73,15 @@ class Recovery:
             )
         )
 
-    async def check_resident(self, threshold: int = HEALTH_FAILURES_BEFORE_LOST) -> None:
+    async def check_resident(
+        self, threshold: int = HEALTH_FAILURES_BEFORE_LOST, *, known: PoolSnapshot | None = None
+    ) -> None:
         """Health-check the resident. One that fails ``threshold`` checks in a row is lost,
         unless it serves: then it is lost only if the driver confirms it gone (its leases
-        revoked), else marked unhealthy until its leases end (docs/adr/0005)."""
-        snap = await self._store.snapshot()
+        revoked), else marked unhealthy until its leases end (docs/adr/0005). ``known``:
+        the pool as the supervisor last read it (a quiet pool's; a pool with capacity is
+        never quiet), so a healthy resident costs no store read."""
+        snap = known if known is not None else await self._store.snapshot()
         if self._policy.has_capacity:
             await self._check_residents(snap, threshold)
             return
@@ -86,13 +90,25 @@ class Recovery:
             return
         resident = snap.resident
         if await self._driver.is_ready(resident):
-            self._health_failures = 0
-            if snap.unhealthy:
-                log.info("resident_healthy_again", pool=self._name, member=resident)
-                await self._transitions.decide(
-                    lambda s, _busy: decide_resident_health(s, resident, healthy=True)
-                )
+            await self._passed(snap, resident)
             return
+        if known is not None:
+            # A failed probe is acted on from the store's state as it is now.
+            snap = await self._store.snapshot()
+            if snap.resident != resident or snap.phase not in SERVING:
+                self._health_failures = 0
+                return
+        await self._failed(snap, resident, threshold)
+
+    async def _passed(self, snap: PoolSnapshot, resident: str) -> None:
+        self._health_failures = 0
+        if snap.unhealthy:
+            log.info("resident_healthy_again", pool=self._name, member=resident)
+            await self._transitions.decide(
+                lambda s, _busy: decide_resident_health(s, resident, healthy=True)
+            )
+
+    async def _failed(self, snap: PoolSnapshot, resident: str, threshold: int) -> None:
         self._health_failures += 1
         if self._health_failures < threshold:
             return
