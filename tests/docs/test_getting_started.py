@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from hotseat.stack_plan import port_in_use
@@ -196,6 +197,7 @@ def test_getting_started_commands_work_as_written(tmp_path: Path):
             check_output(line, done)
             ran.append(line)
         assert stack is not None
+        opened = _open_the_pages_it_links(PAGE.read_text(encoding="utf-8"))
         code, _seconds = stack.ctrl_c()
         # make passes an interrupt on by dying of SIGINT itself, as it does at a terminal
         assert code in {0, -signal.SIGINT}, stack.up.output
@@ -208,6 +210,26 @@ def test_getting_started_commands_work_as_written(tmp_path: Path):
         if stack is not None:
             stack.kill()
     assert len(ran) >= 8, ran
+    assert any(url.endswith("/ui") for url in opened), opened
+
+
+LOCAL_LINK = re.compile(r"<(http://127\.0\.0\.1:\d+/[^>\s]*)>")
+ASSET = re.compile(r'(?:href|src)="(/[^"]+)"')
+
+
+def _open_the_pages_it_links(page: str) -> list[str]:
+    """Every page of the running stack the text links to (the web console) answers as a
+    browser would find it: the HTML and every stylesheet and script it loads."""
+    opened = []
+    for url in LOCAL_LINK.findall(page):
+        answer = httpx.get(url, timeout=30, follow_redirects=True)
+        assert answer.status_code == 200, url
+        for asset in ASSET.findall(answer.text):
+            loaded = httpx.get(answer.url.join(asset), timeout=30)
+            assert loaded.status_code == 200, asset
+            assert loaded.content, asset
+        opened.append(url)
+    return opened
 
 
 def _until_swap_is_audited(
