@@ -56,6 +56,7 @@ async def endless_demand(
     member always has one in flight; yields their statuses."""
     statuses: list[int] = []
     first = asyncio.Event()
+    overlapping = asyncio.Event()
 
     async def worker(extra: int) -> None:
         if extra:
@@ -64,9 +65,14 @@ async def endless_demand(
             response = await chat(url, model, max_tokens=tokens + extra)
             statuses.append(response.status_code)
             first.set()
+            if len(statuses) >= 2:
+                overlapping.set()
 
     tasks = [asyncio.create_task(worker(i * tokens // 3)) for i in range(workers)]
-    await first.wait()
+    # Every worker starts once the first request ends, so at that instant none is in
+    # flight (a request asked then finds the member idle); from the second answer on, the
+    # staggered lengths keep one in flight whenever another ends.
+    await overlapping.wait()
     try:
         yield statuses
     finally:
