@@ -143,6 +143,9 @@ class SimGpu:
             return False
         assert not (self.loaded - {target}), f"load of {target} while {self.loaded} loaded"
         self.loaded.add(target)
+        # A load returns once the member answers: a driver restarts a member that runs but
+        # does not answer (the process driver), or its wait for readiness fails the load.
+        self.stalled.discard(target)
         return True
 
     def crash(self, member: str) -> None:

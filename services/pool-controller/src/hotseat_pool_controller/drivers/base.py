@@ -40,7 +40,11 @@ class Fenced(DriverError):
 
 
 class ResidencyDriver(Protocol):
-    async def load(self, member: str, *, epoch: int) -> None: ...
+    async def load(self, member: str, *, epoch: int) -> None:
+        """Returns once the member answers as ready to serve: one that runs but does not
+        answer is restarted (process) or waited for until the swap's timeout fails the
+        load (http, kubernetes), so a swap never commits a silent member."""
+        ...
 
     async def unload(self, member: str, *, epoch: int) -> None: ...
 
