@@ -96,8 +96,10 @@ def cross_check(raw: Mapping[str, Any]) -> list[ConfigIssue]:
     backends = _section(raw, "backends", "backends", required=False)
     pools = _section(raw, "pools", "pools", required=False)
     rules = _section(raw, "rules", "rules", required=False)
+    groups = _section(raw, "modelGroups", "modelGroups", required=False)
     issues: list[ConfigIssue] = []
     issues += _unique(backends)
+    issues += _unique(groups)
     issues += _unique(pools)
     issues += _unique(rules)
     pool_members: dict[str, _Section] = {}
@@ -113,7 +115,8 @@ def cross_check(raw: Mapping[str, Any]) -> list[ConfigIssue]:
         issues += _driver_blocks(pool, members)
         issues += _cache_blocks(pool, members, cache_dirs)
     issues += _check_backend_pools(backends, pools, pool_members)
-    issues += _check_rules(rules, backends)
+    issues += _check_groups(groups, backends)
+    issues += _check_rules(rules, backends, groups)
     default_route = raw.get("defaultRoute")
     if _is_name(default_route) and backends.complete and default_route not in backends.names:
         issues.append(
@@ -310,7 +313,72 @@ def _check_backend_pools(
             fronted[(pool_name, member)] = i
 
 
-def _check_rules(rules: _Section, backends: _Section) -> Iterator[ConfigIssue]:
+def _check_groups(groups: _Section, backends: _Section) -> Iterator[ConfigIssue]:
+    """Each group: a name no backend has, members that are pooled backends, one per
+    pool, and no more copies than members."""
+    for i, group in groups.items:
+        name = _name(group)
+        if name is not None and name in backends.names:
+            first = next(j for j, item in backends.items if _name(item) == name)
+            yield ConfigIssue(
+                f"modelGroups[{i}].name",
+                f"{name!r} is already a backend's name (backends[{first}]): a rule entry "
+                "names one or the other",
+            )
+        members = group.get("members")
+        if not isinstance(members, list):
+            continue
+        on_pool: dict[str, int] = {}
+        for j, member in enumerate(members):
+            if not isinstance(member, Mapping):
+                continue
+            path = f"modelGroups[{i}].members[{j}]"
+            yield from _check_group_member(path, j, member, backends, on_pool)
+        copies = group.get("maxCopies")
+        if isinstance(copies, int) and not isinstance(copies, bool) and copies > len(members):
+            yield ConfigIssue(
+                f"modelGroups[{i}].maxCopies",
+                f"{copies} is more than the group's {len(members)} members (one copy per pool)",
+            )
+
+
+def _check_group_member(
+    path: str, index: int, member: Mapping[str, Any], backends: _Section, on_pool: dict[str, int]
+) -> Iterator[ConfigIssue]:
+    """One member: a declared backend with a pool no earlier member is on."""
+    target = member.get("backend")
+    if not _is_name(target):
+        return
+    backend = next((item for _, item in backends.items if _name(item) == target), None)
+    if backend is None:
+        if backends.complete:
+            yield ConfigIssue(
+                f"{path}.backend",
+                _unknown(target, "a declared backend", backends.names, "backends"),
+            )
+        return
+    ref = backend.get("pool")
+    if not isinstance(ref, Mapping):
+        yield ConfigIssue(
+            f"{path}.backend",
+            f"{target!r} has no pool: a group's members are pooled backends",
+        )
+        return
+    pool = ref.get("name")
+    if not _is_name(pool):
+        return
+    if pool in on_pool:
+        prefix = path.rsplit("[", 1)[0]
+        yield ConfigIssue(
+            f"{path}.backend",
+            f"{target!r} is on pool {pool!r}, as {prefix}[{on_pool[pool]}] is (one member "
+            "per pool)",
+        )
+    else:
+        on_pool[pool] = index
+
+
+def _check_rules(rules: _Section, backends: _Section, groups: _Section) -> Iterator[ConfigIssue]:
     for i, rule in rules.items:
         route = rule.get("route")
         targets = route.get("backends") if isinstance(route, Mapping) else None
@@ -327,11 +395,13 @@ def _check_rules(rules: _Section, backends: _Section) -> Iterator[ConfigIssue]:
                 )
                 continue
             listed[target] = j
-            if backends.complete and target not in backends.names:
-                yield ConfigIssue(
-                    f"{path}[{j}]",
-                    _unknown(target, "a declared backend", backends.names, "backends"),
-                )
+            if target in groups.names:
+                continue
+            if backends.complete and groups.complete and target not in backends.names:
+                what = "a declared backend or model group" if groups.items else "a declared backend"
+                names = backends.names + groups.names
+                plural = "backends and groups" if groups.items else "backends"
+                yield ConfigIssue(f"{path}[{j}]", _unknown(target, what, names, plural))
 
 
 def _driver_blocks(pool: Mapping[str, Any], members: _Section) -> Iterator[ConfigIssue]:

@@ -411,6 +411,31 @@ class Pool(_Model):
         return next((m for m in self.members if m.name == name), None)
 
 
+class GroupMember(_Model):
+    backend: Name
+    """A pooled backend that serves the group's model on its pool."""
+    slots: int = Field(default=1, ge=1, strict=True)
+    """Requests one copy serves at once before it counts as full (the server's parallel
+    slots: llama.cpp's ``--parallel``, the sim's ``slots``)."""
+
+
+class ModelGroup(_Model):
+    """One model served by several pools: a rule that names the group gets one placement
+    among its members' pools (docs/adr/0012)."""
+
+    name: Name
+    """The group's name, which a rule's ``route.backends`` may name (unique among the
+    backends' and groups' names)."""
+    max_copies: int = Field(default=1, ge=1, strict=True)
+    """How many pools may hold the model resident for the group's demand: a further copy
+    is loaded only once every copy is full."""
+    members: tuple[GroupMember, ...] = Field(min_length=1)
+    """The pooled backends that serve the model, at most one per pool."""
+
+    def member(self, backend: str) -> GroupMember | None:
+        return next((m for m in self.members if m.backend == backend), None)
+
+
 class RuleMatch(_Model):
     models: tuple[str, ...] = ()
     """Requested model names this rule serves (``*`` matches any text)."""
@@ -422,7 +447,7 @@ class RuleMatch(_Model):
 
 class RuleRoute(_Model):
     backends: tuple[Name, ...] = Field(min_length=1)
-    """Backends to try, in order of preference."""
+    """Backends (or model groups) to try, in order of preference."""
     pool_activation: PoolActivation = PoolActivation.WAIT
     """When a pooled backend's member is not resident and the incumbent is busy: ``Wait``
     for the swap, or ``IfIdle``: skip to the next backend."""
@@ -469,6 +494,8 @@ class HotseatConfig(_Model):
     """GPU pools whose members take turns."""
     rules: tuple[Rule, ...] = ()
     """Routing rules."""
+    model_groups: tuple[ModelGroup, ...] = ()
+    """Models served by several pools, each placed per request (docs/adr/0012)."""
     default_route: Name | None = None
     """Backend for requests that no rule matches (optional); for a model that no rule
     names only with ``unknownModels: DefaultRoute``."""
@@ -484,6 +511,9 @@ class HotseatConfig(_Model):
 
     def pool(self, name: str) -> Pool | None:
         return next((p for p in self.pools if p.name == name), None)
+
+    def group(self, name: str) -> ModelGroup | None:
+        return next((g for g in self.model_groups if g.name == name), None)
 
     def member_backend(self, pool: str, member: str) -> Backend | None:
         """The backend that fronts ``pool``/``member``, if any."""

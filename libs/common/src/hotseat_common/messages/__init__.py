@@ -26,6 +26,7 @@ from hotseat_common.messages.audit import (
     request_event,
 )
 from hotseat_common.messages.base import WireModel
+from hotseat_common.messages.placement import PlacementReason, PlaceReply, PlaceRequest
 from hotseat_common.messages.pools import (
     POOL_UPDATES_ERROR_EVENT,
     POOL_UPDATES_EVENT,
@@ -48,6 +49,9 @@ __all__ = [
     "ErrorReply",
     "Granted",
     "IncumbentBusyReply",
+    "PlaceReply",
+    "PlaceRequest",
+    "PlacementReason",
     "PoolList",
     "PoolOutcome",
     "PoolStateChanged",
