@@ -24,9 +24,9 @@ from typing import Any
 
 import httpx
 import redis.asyncio as aioredis
-import yaml
+from fleet import Fleet, sim_backend, start_infra
 
-from hotseat.launcher import ProcessGroup, free_port, start_nats, start_redis, start_service
+from hotseat.launcher import free_port
 
 PREFIX = "idle"
 
@@ -38,11 +38,7 @@ def fleet_config(pools: int, ports: dict[str, int]) -> dict[str, Any]:
         members = []
         for m in ("a", "b"):
             name = f"p{p}{m}"
-            backends.append({
-                "name": name,
-                "address": f"http://127.0.0.1:{ports[name]}",
-                "pool": {"name": f"gpu{p}", "member": m},
-            })  # fmt: skip
+            backends.append(sim_backend(name, ports[name], f"gpu{p}", m))
             members.append({"name": m, "sim": member})
         pool_list.append({
             "name": f"gpu{p}",
@@ -64,35 +60,12 @@ async def total_calls(client: aioredis.Redis) -> int:
 
 async def run(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="hotseat-idle-"))
-    group = ProcessGroup()
+    infra = start_infra(work, sims_redis=True)
+    ports = {f"p{p}{m}": free_port() for p in range(args.pools) for m in ("a", "b")}
+    fleet = Fleet(work, infra, fleet_config(args.pools, ports), prefix=PREFIX)
     try:
-        nats_proc = group.add(start_nats(work / "nats"))
-        counted = group.add(start_redis(work / "redis-controller"))
-        sims_redis = group.add(start_redis(work / "redis-sims"))
-        ports = {f"p{p}{m}": free_port() for p in range(args.pools) for m in ("a", "b")}
-        cfg = work / "hotseat.yaml"
-        cfg.write_text(yaml.safe_dump(fleet_config(args.pools, ports)))
-        env = {
-            "HOTSEAT_NATS_URL": nats_proc.url,
-            "HOTSEAT_SUBJECT_PREFIX": PREFIX,
-            "HOTSEAT_KEY_PREFIX": PREFIX,
-            "HOTSEAT_CONFIG": str(cfg),
-            "HOTSEAT_LOG_LEVEL": "warning",
-        }
-        for name, port in ports.items():
-            group.add(
-                start_service(
-                    f"sim-{name}", "hotseat-sim", ["--backend", name], port=port, log_dir=work,
-                    env={**env, "HOTSEAT_REDIS_URL": sims_redis.url},
-                    ready_path="/control/state", timeout=120,
-                )
-            )  # fmt: skip
-        controller = group.add(
-            start_service(
-                "controller", "hotseat-controller", args.controller_args, port=free_port(),
-                log_dir=work, env={**env, "HOTSEAT_REDIS_URL": counted.url}, timeout=120,
-            )
-        )  # fmt: skip
+        fleet.start_sims()
+        controller = fleet.start_controller(args=args.controller_args)
         async with httpx.AsyncClient() as http:
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
@@ -102,7 +75,7 @@ async def run(args: argparse.Namespace) -> None:
                 await asyncio.sleep(0.5)
             else:
                 raise SystemExit("the pools did not all warm their default member")
-        client = aioredis.from_url(counted.url)
+        client = aioredis.from_url(infra.redis.url)
         await asyncio.sleep(args.settle)
         before, started = await total_calls(client), time.monotonic()
         await asyncio.sleep(args.seconds)
@@ -115,7 +88,8 @@ async def run(args: argparse.Namespace) -> None:
             f" {rate / args.pools:.2f}/s per pool (controller alone)"
         )
     finally:
-        group.stop_all()
+        fleet.stop()
+        infra.stop()
 
 
 def main() -> None:

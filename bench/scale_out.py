@@ -33,6 +33,7 @@ import asyncio
 import itertools
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,16 +41,9 @@ from typing import Any
 import httpx
 import nats
 import redis.asyncio as aioredis
-import yaml
+from fleet import Fleet, Infra, sim_backend, start_infra
 
-from hotseat.launcher import (
-    Managed,
-    ProcessGroup,
-    free_port,
-    start_nats,
-    start_redis,
-    start_service,
-)
+from hotseat.launcher import Managed, free_port
 from hotseat_common.messages import PoolStateChanged
 from hotseat_common.subjects import Subjects
 
@@ -65,11 +59,8 @@ def config(pools: int, ports: dict[str, int]) -> dict[str, Any]:
     for p in range(pools):
         for m in ("a", "b"):
             # Only pool 0 is served: the others' members have no process behind them.
-            port = ports.get(f"p{p}{m}") or free_port()
-            backends.append({
-                "name": f"p{p}{m}", "address": f"http://127.0.0.1:{port}",
-                "pool": {"name": f"gpu{p}", "member": m},
-            })  # fmt: skip
+            name = f"p{p}{m}"
+            backends.append(sim_backend(name, ports.get(name) or free_port(), f"gpu{p}", m))
         pool: dict[str, Any] = {
             "name": f"gpu{p}",
             "leaseTtl": "30s",
@@ -91,78 +82,78 @@ def config(pools: int, ports: dict[str, int]) -> dict[str, Any]:
 
 
 @dataclass
-class Fleet:
-    group: ProcessGroup
-    nats: Managed
-    monitor: str
-    redis: Managed
+class Scaled:
+    infra: Infra
+    fleet: Fleet
     controllers: list[Managed]
     routers: list[Managed]
 
+    def stop(self) -> None:
+        self.fleet.stop()
+        self.infra.stop()
 
-async def start_fleet(work: Path, routers: int, controllers: int, pools: int) -> Fleet:
-    group = ProcessGroup()
-    monitor_port = free_port()
-    nats_proc = group.add(start_nats(work / "nats", extra_args=("-m", str(monitor_port))))
-    counted = group.add(start_redis(work / "redis"))
-    sims_redis = group.add(start_redis(work / "redis-sims"))
+
+def start_fleet(work: Path, routers: int, controllers: int, pools: int) -> Scaled:
+    infra = start_infra(work, monitor=True, sims_redis=True)
     ports = {"p0a": free_port(), "p0b": free_port()}
-    cfg = work / "hotseat.yaml"
-    cfg.write_text(yaml.safe_dump(config(pools, ports)))
-    env = {
-        "HOTSEAT_NATS_URL": nats_proc.url,
-        "HOTSEAT_SUBJECT_PREFIX": PREFIX,
-        "HOTSEAT_KEY_PREFIX": PREFIX,
-        "HOTSEAT_CONFIG": str(cfg),
-        "HOTSEAT_LOG_LEVEL": "warning",
-    }
-    for name, port in ports.items():
-        group.add(
-            start_service(
-                f"sim-{name}", "hotseat-sim", ["--backend", name], port=port, log_dir=work,
-                env={**env, "HOTSEAT_REDIS_URL": sims_redis.url}, ready_path="/control/state",
-                timeout=120,
-            )
-        )  # fmt: skip
-    ctl = [
-        group.add(
-            start_service(
-                f"controller-{i}",
-                "hotseat-controller",
-                ["--instance", f"c{i}"],
-                port=free_port(),
-                log_dir=work,
-                env={**env, "HOTSEAT_REDIS_URL": counted.url},
-                timeout=120,
-            )
-        )
-        for i in range(controllers)
-    ]
-    rtr = [
-        group.add(
-            start_service(
-                f"router-{i}",
-                "hotseat-router",
-                ["--instance", f"r{i}"],
-                port=free_port(),
-                log_dir=work,
-                env=env,
-                timeout=120,
-            )
-        )
-        for i in range(routers)
-    ]
-    return Fleet(group, nats_proc, f"http://127.0.0.1:{monitor_port}", counted, ctl, rtr)
+    fleet = Fleet(work, infra, config(pools, ports), prefix=PREFIX)
+    try:
+        fleet.start_sims(ports)
+        ctl = [fleet.start_controller(f"controller-{i}", ["--instance", f"c{i}"])
+               for i in range(controllers)]  # fmt: skip
+        rtr = [fleet.start_router(f"router-{i}", ["--instance", f"r{i}"]) for i in range(routers)]
+    except BaseException:
+        fleet.stop()
+        infra.stop()
+        raise
+    return Scaled(infra, fleet, ctl, rtr)
 
 
-async def redis_calls(client: aioredis.Redis) -> int:
+@dataclass
+class Tally:
+    """Counters read at one moment: Redis commands by name, NATS messages in and out, and
+    (for ``--breakdown``) messages delivered per subscribed subject (``/subsz``) and
+    published per client connection (``/connz``, by connection name)."""
+
+    redis: Counter[str]
+    nats_in: int
+    nats_out: int
+    subjects: Counter[str]
+    clients: Counter[str]
+
+    @property
+    def commands(self) -> int:
+        return sum(self.redis.values())
+
+    def __sub__(self, other: Tally) -> Tally:
+        return Tally(
+            self.redis - other.redis,
+            self.nats_in - other.nats_in,
+            self.nats_out - other.nats_out,
+            self.subjects - other.subjects,
+            self.clients - other.clients,
+        )
+
+
+async def tally(client: aioredis.Redis, http: httpx.AsyncClient, monitor: str) -> Tally:
     stats = await client.info("commandstats")
-    return sum(int(v["calls"]) for v in stats.values())
-
-
-async def nats_msgs(http: httpx.AsyncClient, monitor: str) -> tuple[int, int]:
+    redis = Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
+    redis["info"] -= 1  # this read's own INFO
     varz = (await http.get(monitor + "/varz")).json()
-    return int(varz["in_msgs"]), int(varz["out_msgs"])
+    subsz = (await http.get(monitor + "/subsz", params={"subs": 1, "limit": 100000})).json()
+    subjects: Counter[str] = Counter()
+    for sub in subsz.get("subscriptions_list") or []:
+        subjects[sub["subject"].removeprefix(PREFIX + ".")] += int(sub.get("msgs", 0))
+    connz = (await http.get(monitor + "/connz", params={"limit": 100000})).json()
+    clients: Counter[str] = Counter()
+    for conn in connz.get("connections") or []:
+        clients[conn.get("name") or "?"] += int(conn["in_msgs"])
+    return Tally(redis, int(varz["in_msgs"]), int(varz["out_msgs"]), subjects, clients)
+
+
+def breakdown(label: str, counter: Counter[str], n: int) -> str:
+    top = sorted(counter.items(), key=lambda kv: -kv[1])[:12]
+    return f"    {label}: " + ", ".join(f"{k} {v / n:.2f}" for k, v in top if v > 0)
 
 
 async def drive(
@@ -190,35 +181,44 @@ async def drive(
 
 async def counts(args: argparse.Namespace, routers: int, controllers: int, pools: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="hotseat-scale-"))
-    fleet = await start_fleet(work, routers, controllers, pools)
+    fleet = start_fleet(work, routers, controllers, pools)
+    monitor = fleet.infra.monitor
+    assert monitor is not None
     try:
-        client = aioredis.from_url(fleet.redis.url)
+        client = aioredis.from_url(fleet.infra.redis.url)
         urls = [r.url for r in fleet.routers]
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=200)) as http:
             await drive(http, urls, "a", 50 * routers, min(args.concurrency, 4))  # warm-up
             await asyncio.sleep(2)
-            r0, (i0, o0) = await redis_calls(client), await nats_msgs(http, fleet.monitor)
+            t0 = await tally(client, http, monitor)
             seconds = await drive(http, urls, "a", args.requests, args.concurrency)
-            r1, (i1, o1) = await redis_calls(client), await nats_msgs(http, fleet.monitor)
+            t1 = await tally(client, http, monitor)
             # The background over as long, with no traffic (leases released, pools quiet).
             await asyncio.sleep(3)
-            r2, (i2, o2) = await redis_calls(client), await nats_msgs(http, fleet.monitor)
+            t2 = await tally(client, http, monitor)
             await asyncio.sleep(seconds)
-            r3, (i3, o3) = await redis_calls(client), await nats_msgs(http, fleet.monitor)
+            t3 = await tally(client, http, monitor)
         await client.aclose()
         n = args.requests
-        redis_bg, in_bg, out_bg = r3 - r2 - 1, i3 - i2, o3 - o2
+        busy, idle = t1 - t0, t3 - t2
         print(
             f"  {routers} router(s), {controllers} controller(s), {pools:>3} pool(s):"
-            f" Redis {(r1 - r0 - 1) / n:6.2f}/req (net of idle {(r1 - r0 - 1 - redis_bg) / n:6.2f})"
-            f"  NATS in {(i1 - i0) / n:5.2f}/req (net {(i1 - i0 - in_bg) / n:5.2f})"
-            f"  out {(o1 - o0) / n:5.2f}/req (net {(o1 - o0 - out_bg) / n:5.2f})"
-            f"  [{n / seconds:.0f} req/s; idle over {seconds:.1f} s: Redis {redis_bg},"
-            f" NATS in {in_bg}]",
+            f" Redis {busy.commands / n:6.2f}/req"
+            f" (net of idle {(busy.commands - idle.commands) / n:6.2f})"
+            f"  NATS in {busy.nats_in / n:5.2f}/req (net {(busy.nats_in - idle.nats_in) / n:5.2f})"
+            f"  out {busy.nats_out / n:5.2f}/req"
+            f" (net {(busy.nats_out - idle.nats_out) / n:5.2f})"
+            f"  [{n / seconds:.0f} req/s; idle over {seconds:.1f} s: Redis {idle.commands},"
+            f" NATS in {idle.nats_in}]",
             flush=True,
         )
+        if args.breakdown:
+            print(breakdown("Redis/req", busy.redis, n))
+            print(breakdown("idle Redis/req", idle.redis, n))
+            print(breakdown("NATS delivered/req by subject", busy.subjects, n))
+            print(breakdown("NATS published/req by client", busy.clients, n), flush=True)
     finally:
-        fleet.group.stop_all()
+        fleet.stop()
 
 
 def pct(values: list[float], q: float) -> float:
@@ -228,8 +228,8 @@ def pct(values: list[float], q: float) -> float:
 
 async def wake_up(args: argparse.Namespace, held: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="hotseat-wake-"))
-    fleet = await start_fleet(work, 1, 1, 1)
-    nc = await nats.connect(fleet.nats.url)
+    fleet = start_fleet(work, 1, 1, 1)
+    nc = await nats.connect(fleet.infra.nats.url)
     try:
         url = fleet.routers[0].url
         commits: dict[str, asyncio.Future[float]] = {}
@@ -272,7 +272,7 @@ async def wake_up(args: argparse.Namespace, held: int) -> None:
         )
     finally:
         await nc.close()
-        fleet.group.stop_all()
+        fleet.stop()
 
 
 async def main() -> None:
@@ -282,6 +282,9 @@ async def main() -> None:
     parser.add_argument("--matrix", default="1,1,1 2,1,1 4,1,1 1,2,1 1,1,10 1,1,100")
     parser.add_argument("--held", default="1,10,100")
     parser.add_argument("--swaps", type=int, default=10)
+    parser.add_argument(
+        "--breakdown", action="store_true", help="counts by command, subject and client"
+    )
     args = parser.parse_args()
     if args.matrix:
         print(f"== per pooled request ({args.requests} requests, {args.concurrency} in flight)")

@@ -44,20 +44,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from hotseat.launcher import Managed, free_port, start_nats, start_redis, start_service  # noqa: E402
+import fleet as shared  # noqa: E402
 
-FAST = {
-    "HOTSEAT_TICK_INTERVAL": "0.1",
-    "HOTSEAT_RECONCILE_INTERVAL": "0.5",
-    "HOTSEAT_HEARTBEAT_TTL": "1.0",
-    "HOTSEAT_SHUTDOWN_GRACE": "3",
-    "HOTSEAT_LOG_LEVEL": "warning",
-}
+from hotseat.launcher import free_port  # noqa: E402
+
+FAST = shared.FAST_TIMINGS
 MEMBERS = {
     "planner": {"loadSeconds": 1.0, "tokensPerSecond": 50, "memoryGiB": 8},
     "coder": {"loadSeconds": 2.0, "tokensPerSecond": 50, "memoryGiB": 20},
@@ -92,13 +87,10 @@ class Run:
 class Fleet:
     """One pool of sims, a controller and a router on private NATS and Redis."""
 
-    def __init__(self, workdir: Path, nats: Managed, redis: Managed) -> None:
-        self.workdir = workdir
-        self.nats = nats
-        self.redis = redis
-        self.procs: list[Managed] = []
-        self.router_url = ""
-        self.controller_url = ""
+    def __init__(self, workdir: Path, infra: shared.Infra) -> None:
+        self.workdir, self.infra = workdir, infra
+        self.stack: shared.Fleet | None = None
+        self.router_url = self.controller_url = ""
 
     def start(self, members: list[str], pool: dict[str, Any], rules: list[dict[str, Any]]) -> None:
         prefix = "t" + uuid.uuid4().hex[:8]
@@ -128,38 +120,16 @@ class Fleet:
             ],
             "rules": rules,
         }
-        path = self.workdir / f"{prefix}.yaml"
-        path.write_text(yaml.safe_dump(config))
-        env = {
-            **os.environ,
-            **FAST,
-            "HOTSEAT_NATS_URL": self.nats.url,
-            "HOTSEAT_REDIS_URL": self.redis.url,
-            "HOTSEAT_SUBJECT_PREFIX": prefix,
-            "HOTSEAT_KEY_PREFIX": prefix,
-            "HOTSEAT_AUDIT_STREAM": f"AUDIT_{prefix}",
-            "HOTSEAT_CONFIG": str(path),
-        }
-        for member, port in ports.items():
-            self.procs.append(
-                start_service(
-                    f"sim-{member}", "hotseat-sim", ["--backend", member], port=port,
-                    log_dir=self.workdir, env=env, ready_path="/control/state",
-                )
-            )  # fmt: skip
-        controller = start_service(
-            "controller", "hotseat-controller", [], port=free_port(), log_dir=self.workdir, env=env
-        )
-        router = start_service(
-            "router", "hotseat-router", [], port=free_port(), log_dir=self.workdir, env=env
-        )
-        self.procs += [controller, router]
+        self.stack = shared.Fleet(self.workdir, self.infra, config, prefix=prefix, env=FAST)
+        self.stack.start_sims()
+        controller = self.stack.start_controller()
+        router = self.stack.start_router()
         self.controller_url, self.router_url = controller.url, router.url
 
     def stop(self) -> None:
-        for proc in reversed(self.procs):
-            proc.stop(5)
-        self.procs.clear()
+        if self.stack is not None:
+            self.stack.stop()
+            self.stack = None
 
     async def pool(self) -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=10) as client:
@@ -355,17 +325,15 @@ def report(run: Run) -> None:
 async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="hotseat-trace-") as tmp:
         workdir = Path(tmp)
-        nats = start_nats(workdir / "nats")
-        redis = start_redis(workdir / "redis")
+        infra = shared.start_infra(workdir)
         try:
             for name in args.trace.split(","):
                 print(f"\ntrace {name}:", flush=True)
                 for policy in ("defaults", "scheduler"):
-                    fleet = Fleet(workdir, nats, redis)
+                    fleet = Fleet(workdir, infra)
                     report(await replay(fleet, name, policy, args.scale))
         finally:
-            redis.stop(5)
-            nats.stop(5)
+            infra.stop()
 
 
 def main() -> None:
