@@ -7,20 +7,28 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from hotseat_common.config.model import PoolActivation
+from hotseat_common.errors import ErrorCode, QueueFull
 from hotseat_common.messages import (
     AcquireRequest,
     DispatchFailureReport,
+    ErrorReply,
     Granted,
+    PoolStateChanged,
     ReleaseRequest,
     RenewReply,
+    WaitReason,
+    WaitReply,
+    WireModel,
 )
 from hotseat_common.subjects import Subjects
+from hotseat_router.activation import nats as nats_activation
 from hotseat_router.activation.nats import NatsActivationClient
 from hotseat_router.activation.protocol import Lease
 from tests.support.waiting import eventually
@@ -28,9 +36,12 @@ from tests.support.waiting import eventually
 
 @dataclass
 class ScriptedController:
-    """Grants every acquire a new lease; renewals answered by ``renew_reply``."""
+    """Grants every acquire a new lease (once ``answering`` is set), unless ``replies``
+    has a scripted answer for its request id; renewals answered by ``renew_reply``."""
 
     ttl_s: float = 30.0
+    answering: asyncio.Event = field(default_factory=asyncio.Event)
+    replies: dict[str, WireModel] = field(default_factory=dict)
     renew_reply: RenewReply = field(default_factory=lambda: RenewReply(ok=True, ttl_s=30.0))
     acquires: list[AcquireRequest] = field(default_factory=list)
     releases: list[ReleaseRequest] = field(default_factory=list)
@@ -40,9 +51,13 @@ class ScriptedController:
     renewed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def on_acquire(self, msg: Msg) -> None:
-        self.acquires.append(AcquireRequest.from_bytes(msg.data))
-        granted = Granted(lease_id=f"lease-{len(self.acquires)}", ttl_s=self.ttl_s, epoch=1)
-        await msg.respond(granted.to_bytes())
+        request = AcquireRequest.from_bytes(msg.data)
+        self.acquires.append(request)
+        reply = self.replies.get(request.request_id) or Granted(
+            lease_id=f"lease-{len(self.acquires)}", ttl_s=self.ttl_s, epoch=1
+        )
+        await self.answering.wait()
+        await msg.respond(reply.to_bytes())
 
     async def on_renew(self, msg: Msg) -> None:
         self.renewals += 1
@@ -63,6 +78,7 @@ class ScriptedController:
 async def controller(nc: NatsClient, prefix: str) -> AsyncIterator[ScriptedController]:
     subjects = Subjects(prefix)
     scripted = ScriptedController()
+    scripted.answering.set()
     subs = [
         await nc.subscribe(subjects.acquire, cb=scripted.on_acquire),
         await nc.subscribe(subjects.renew, cb=scripted.on_renew),
@@ -81,11 +97,16 @@ async def client(nc: NatsClient, prefix: str) -> AsyncIterator[NatsActivationCli
         yield activation
 
 
-async def acquire(client: NatsActivationClient, request_id: str, member: str = "judge") -> Lease:
+async def acquire(
+    client: NatsActivationClient,
+    request_id: str,
+    member: str = "judge",
+    mode: PoolActivation = PoolActivation.IF_IDLE,
+) -> Lease:
     return await client.acquire(
         pool="gpu0",
         member=member,
-        mode=PoolActivation.IF_IDLE,
+        mode=mode,
         attempt=f"attempt-{request_id}",
         request_id=request_id,
         budget_s=5,
@@ -158,6 +179,83 @@ async def test_a_dispatch_failure_stops_sharing(
     second = await acquire(client, "q2")
     assert second.lease_id == "lease-2"
     assert not first.lost.is_set()  # the controller decides whether the member is dead
+
+
+async def test_requests_asking_at_once_share_the_first_grant(
+    client: NatsActivationClient, controller: ScriptedController
+) -> None:
+    """Requests for a member that arrive while one of them is asking wait for its answer
+    and share its lease: one question, one lease, released by the last of them."""
+    controller.answering.clear()
+    asking = [asyncio.create_task(acquire(client, f"q{i}")) for i in range(5)]
+    other = asyncio.create_task(acquire(client, "o1", member="coder"))
+    await eventually(lambda: _asked(controller, 1), timeout=5, interval=0.01)
+    controller.answering.set()  # q0 asked first; the others came while it waited
+    leases = await asyncio.gather(*asking)
+    assert sorted(a.request_id for a in controller.acquires) == ["o1", "q0"]
+    assert {lease.lease_id for lease in leases} == {"lease-1"}
+    assert (await other).lease_id == "lease-2"
+    for lease in leases:
+        await client.release(lease)
+    await asyncio.wait_for(controller.released.wait(), 5)
+    assert [r.lease_id for r in controller.releases] == ["lease-1"]
+
+
+async def test_a_refusal_is_not_shared_the_others_ask_for_themselves(
+    client: NatsActivationClient, controller: ScriptedController
+) -> None:
+    """The first request's answer is a refusal of its own (the pool's waiter queue was
+    full when it asked): the requests that waited for it ask for themselves."""
+    controller.answering.clear()
+    controller.replies["q0"] = ErrorReply(code=ErrorCode.POOL_QUEUE_FULL, message="full")
+    first = asyncio.create_task(acquire(client, "q0", mode=PoolActivation.WAIT))
+    await eventually(lambda: _asked(controller, 1), timeout=5, interval=0.01)
+    second = asyncio.create_task(acquire(client, "q1", mode=PoolActivation.WAIT))
+    controller.answering.set()
+    with pytest.raises(QueueFull):
+        await first
+    lease = await second
+    assert [a.request_id for a in controller.acquires] == ["q0", "q1"]
+    assert lease.lease_id == "lease-2"
+
+
+async def test_waiters_told_to_wait_by_another_request_wait_without_asking(
+    client: NatsActivationClient,
+    controller: ScriptedController,
+    nc: NatsClient,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Requests held for a member (each told to wait once) wake at each change of the pool:
+    the first to wake asks, the others wait for its answer. Told to wait, they wait on
+    without asking; granted (the swap's commit), they share its lease, which names the
+    swap they waited for."""
+    monkeypatch.setattr(nats_activation, "REASK_INTERVAL_S", 60.0)  # changes alone wake them
+    wait = WaitReply(reason=WaitReason.SWAP_IN_FLIGHT, epoch=1, retry_after_s=1, swap_id="s1")
+    for i in range(5):
+        controller.replies[f"q{i}"] = wait
+    held = [
+        asyncio.create_task(acquire(client, f"q{i}", mode=PoolActivation.WAIT)) for i in range(5)
+    ]
+    await eventually(lambda: _asked(controller, 5), timeout=5, interval=0.01)
+    await _pool_changed(nc, prefix, "loading")  # everyone wakes; one asks
+    await eventually(lambda: _asked(controller, 6), timeout=5, interval=0.01)
+    granted = Granted(lease_id="after-commit", ttl_s=30, epoch=2, swap_id="s1")
+    controller.replies.update({f"q{i}": granted for i in range(5)})
+    await _pool_changed(nc, prefix, "idle")  # the commit
+    leases = await asyncio.wait_for(asyncio.gather(*held), 10)
+    assert len(controller.acquires) == 7, [a.request_id for a in controller.acquires]
+    assert {(lease.lease_id, lease.swap_id) for lease in leases} == {("after-commit", "s1")}
+
+
+async def _pool_changed(nc: NatsClient, prefix: str, phase: Literal["loading", "idle"]) -> None:
+    event = PoolStateChanged(pool="gpu0", epoch=2, phase=phase, resident="judge", reason="test")
+    await nc.publish(Subjects(prefix).pool_events("gpu0"), event.to_bytes())
+    await nc.flush()
+
+
+async def _asked(controller: ScriptedController, count: int) -> bool:
+    return len(controller.acquires) >= count
 
 
 async def _shorter_than(lease: Lease, seconds: float) -> bool:

@@ -85,8 +85,10 @@ class HeldLeases:
                 await self._renewer
         return set(self._tasks)
 
-    def share(self, pool: str, member: str) -> Lease | None:
-        """A handle on a live lease this router already holds on ``member``, if any."""
+    def share(self, pool: str, member: str, *, waited: bool = False) -> Lease | None:
+        """A handle on a live lease this router already holds on ``member``, if any.
+        ``waited``: the request was held for the member and shares the lease granted after
+        the swap it waited for (its handle names that swap, as the grant does)."""
         held = self._shared.get((pool, member))
         if held is None:
             return None
@@ -94,8 +96,8 @@ class HeldLeases:
         left = lease.valid_until - asyncio.get_running_loop().time()
         if lease.lost.is_set() or not held.shareable or left < lease.ttl_s / 2:
             return None  # renewals behind schedule or the member in doubt: ask
-        # Its own handle (``lost`` is the same event); it waited for no swap.
-        handle = replace(lease, swap_id=None)
+        # Its own handle (``lost`` is the same event).
+        handle = replace(lease, swap_id=lease.swap_id if waited else None)
         held.handles.append(handle)
         return handle
 

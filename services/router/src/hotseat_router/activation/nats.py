@@ -83,6 +83,19 @@ class _PoolSignal:
         self.changed = asyncio.Event()
 
 
+@dataclass
+class _Flight:
+    """One acquire on its way to the controller for a member. The router's other requests
+    for that member that would ask now wait for its answer instead: granted, they share
+    its lease (:mod:`.held`, under the same rules as any sharing), so that requests held
+    through a swap wake with one question at its commit, not one each; told to wait, those
+    already waiting go on waiting without asking."""
+
+    landed: asyncio.Event = field(default_factory=asyncio.Event)
+    waits: bool = False
+    """The answer said to wait (the member is not resident, or takes no new request)."""
+
+
 class NatsActivationClient:
     def __init__(
         self, nc: NatsClient, subjects: Subjects, router: str, *, tracing: Tracing = NO_TRACING
@@ -92,6 +105,7 @@ class NatsActivationClient:
         self._subjects = subjects
         self._router = router
         self._signals: dict[str, _PoolSignal] = {}
+        self._flights: dict[tuple[str, str], _Flight] = {}
         self._leases = HeldLeases(self._renew)
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -166,27 +180,77 @@ class NatsActivationClient:
             hold_s=budget_s,
             priority=priority or None,
         )
+        told: WaitReply | None = None  # the last wait answer: this attempt is a waiter
+        followed = False
         try:
             while True:
                 signal = self._signal(pool)
                 generation, changed = signal.generation, signal.changed
-                reply, asked_at = await self._ask(request, deadline)
-                if isinstance(reply, Granted):
-                    if loop.time() < asked_at + reply.ttl_s:
-                        return self._granted(request, reply, asked_at)
-                    # The grant came too late to prove anything (this loop stalled, or the
-                    # link was slow): the lease may be gone and the member swapped away.
-                    # Ask again: the controller answers with the truth for this attempt.
-                    log.warning("acquire_grant_stale", pool=pool, request_id=request_id)
-                    continue
-                waiting = _expect_wait(pool, reply)
-                if on_wait is not None:
-                    on_wait(waiting)
-                await self._wait_for_change(signal, generation, changed, deadline, waiting)
+                flight = self._flights.get((pool, member))
+                if flight is not None and (told is not None or not followed):
+                    # Another request of this router is asking for the member: a grant
+                    # is shared; an answer to wait keeps a waiter waiting. Anything else
+                    # (or a request not yet a waiter, after one flight) asks for itself.
+                    followed = True
+                    await self._follow(flight, deadline, told)
+                    handle = self._leases.share(pool, member, waited=told is not None)
+                    if handle is not None:
+                        if told is not None:
+                            self._withdraw(pool, member, attempt)  # no longer waits
+                        return handle
+                    if told is not None and flight.waits:
+                        await self._wait_for_change(signal, generation, changed, deadline, told)
+                        continue
+                lease = await self._lead(request, deadline, on_wait)
+                if isinstance(lease, Lease):
+                    return lease
+                if lease is not None:
+                    told = lease
+                    await self._wait_for_change(signal, generation, changed, deadline, told)
         except BaseException:
             # Leave the waiters, and free a lease granted to a reply we never read.
             self._withdraw(pool, member, attempt)
             raise
+
+    async def _lead(
+        self, request: AcquireRequest, deadline: float, on_wait: OnWait | None
+    ) -> Lease | WaitReply | None:
+        """Ask the controller once, as the flight other requests of this router for the
+        member follow (when none is on its way already): the lease, the answer to wait,
+        or ``None`` for a grant that came too late to prove anything (ask again)."""
+        key = (request.pool, request.member)
+        flight = None if key in self._flights else self._flights.setdefault(key, _Flight())
+        try:
+            reply, asked_at = await self._ask(request, deadline)
+            if isinstance(reply, Granted):
+                if asyncio.get_running_loop().time() < asked_at + reply.ttl_s:
+                    return self._granted(request, reply, asked_at)  # shared from now on
+                # The grant came too late to prove anything (this loop stalled, or the link
+                # was slow): the lease may be gone and the member swapped away. Ask again:
+                # the controller answers with the truth for this attempt.
+                log.warning("acquire_grant_stale", pool=request.pool, request_id=request.request_id)
+                return None
+            waiting = _expect_wait(request.pool, reply)
+            if flight is not None:
+                flight.waits = True
+            if on_wait is not None:
+                on_wait(waiting)
+            return waiting
+        finally:
+            if flight is not None:
+                del self._flights[key]
+                flight.landed.set()
+
+    async def _follow(self, flight: _Flight, deadline: float, told: WaitReply | None) -> None:
+        """Until ``flight`` has its answer, within this request's hold."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                await flight.landed.wait()
+        if flight.landed.is_set():
+            return
+        if told is not None:
+            raise _budget_spent(told)
+        raise ActivationTimeout("controller did not answer in time")
 
     async def _ask(
         self, request: AcquireRequest, deadline: float
@@ -230,20 +294,14 @@ class NatsActivationClient:
         loop = asyncio.get_running_loop()
         left = deadline - loop.time()
         if left <= 0:
-            raise ActivationTimeout(
-                f"pool swap did not complete within the swap budget (target {reply.target})",
-                retry_after=reply.retry_after_s,
-            )
+            raise _budget_spent(reply)
         if signal.generation != generation:
             return  # the pool changed while we were asking
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(min(left, REASK_INTERVAL_S)):
                 await changed.wait()
         if loop.time() >= deadline:
-            raise ActivationTimeout(
-                f"pool swap did not complete within the swap budget (target {reply.target})",
-                retry_after=reply.retry_after_s,
-            )
+            raise _budget_spent(reply)
 
     def _withdraw(self, pool: str, member: str, attempt: str) -> None:
         """Leave the pool's waiters; runs even when the caller was cancelled."""
@@ -315,6 +373,13 @@ class NatsActivationClient:
             pool=lease.pool, member=lease.member, request_id=request_id, reason=reason
         )
         await self._fire(self._subjects.report, message)
+
+
+def _budget_spent(reply: WaitReply) -> ActivationTimeout:
+    return ActivationTimeout(
+        f"pool swap did not complete within the swap budget (target {reply.target})",
+        retry_after=reply.retry_after_s,
+    )
 
 
 def _expect_wait(pool: str, reply: IncumbentBusyReply | WaitReply | ErrorReply) -> WaitReply:

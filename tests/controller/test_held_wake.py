@@ -1,0 +1,69 @@
+"""Requests held through a swap wake at its commit with one question per router, not one
+each (issue 20): the first grant after the commit is shared by the router's requests
+held for that member, under the rules of any sharing (docs/adr/0004), and they leave the
+pool's waiters. Real controller, sims, NATS and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from nats.aio.client import Client as NatsClient
+
+from hotseat_common.config.model import PoolActivation
+from hotseat_common.subjects import Subjects
+from hotseat_router.activation.nats import NatsActivationClient
+from tests.support.stack import Stack, pool_stack_config
+from tests.support.waiting import eventually
+
+HELD = 20
+
+
+async def test_requests_held_through_a_swap_share_the_first_grant_after_it(
+    make_stack: Callable[[dict[str, Any]], Stack], nc: NatsClient, prefix: str
+) -> None:
+    stack = make_stack(pool_stack_config(coder={"loadSeconds": 0.3}))
+    stack.start_sims()
+    stack.start_controller("c1")
+    await stack.wait_resident("judge")
+    async with NatsActivationClient(nc, Subjects(prefix), "r1") as client:
+
+        async def acquire(member: str, name: str, mode: PoolActivation) -> Any:
+            return await client.acquire(
+                pool="gpu0", member=member, mode=mode, attempt=name, request_id=name, budget_s=30
+            )
+
+        incumbent = await acquire("judge", "incumbent", PoolActivation.IF_IDLE)
+        held = [
+            asyncio.create_task(acquire("coder", f"held-{i}", PoolActivation.WAIT))
+            for i in range(HELD)
+        ]
+
+        async def all_waiting() -> bool:
+            return len(await stack.waiter_deadlines("coder")) == HELD
+
+        await eventually(all_waiting, timeout=15)
+        await client.release(incumbent)  # judge drains: the swap to coder starts
+        leases = await asyncio.wait_for(asyncio.gather(*held), 30)
+        # Served only on the resident: every handle was granted after the commit.
+        state = await stack.pool()
+        assert (state["phase"], state["resident"]) == ("idle", "coder")
+        assert len({lease.lease_id for lease in leases}) == 1  # one lease for all twenty
+        # Busy is exact: one live lease while they are served, none once the last ends;
+        # and none of them is left among the pool's waiters.
+        assert list(await stack.lease_expiries("coder")) == [leases[0].lease_id]
+
+        async def no_waiters() -> bool:
+            return not await stack.waiter_deadlines("coder")
+
+        await eventually(no_waiters, timeout=10)
+        for lease in leases[:-1]:
+            await client.release(lease)
+        assert list(await stack.lease_expiries("coder")) == [leases[0].lease_id]
+        await client.release(leases[-1])
+
+        async def released() -> bool:
+            return not await stack.lease_expiries("coder")
+
+        await eventually(released, timeout=10)
