@@ -34,10 +34,12 @@ def project() -> dict[str, Any]:
 def test_gpu_override_leaves_out_the_sims_and_the_second_controller(
     project: dict[str, Any],
 ) -> None:
-    """Only one controller runs a `process` pool, and no sim stands in for the GPU."""
+    """Only one controller runs a `process` pool, and no sim stands in for the GPU; the
+    monitoring (Prometheus and Grafana) stays."""
     services = set(project["services"])
     assert services == {
-        "nats", "redis", "postgres", "controller-1", "audit", "router-1", "router-2", "gateway"
+        "nats", "redis", "postgres", "controller-1", "audit", "router-1", "router-2", "gateway",
+        "prometheus", "grafana",
     }  # fmt: skip
 
 
