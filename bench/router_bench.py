@@ -164,6 +164,35 @@ def start_router(
     return proc
 
 
+def start_granian(config: Path, nats: Managed, workdir: Path) -> Managed | None:
+    """The same router app under granian (one worker, uvloop, one runtime thread) instead
+    of uvicorn + httptools; ``None`` when granian is not installed. The router's
+    connection limits (``connection.py``, a uvicorn protocol) do not apply under it."""
+    binary = shutil.which("granian", path=str(Path(sys.executable).parent)) or shutil.which(
+        "granian"
+    )
+    if binary is None:
+        return None
+    port = free_port()
+    argv = [
+        "taskset", "-c", PROXY_CORE, binary, "--interface", "asgi", "--factory",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--loop", "uvloop",
+        "--runtime-mode", "st", "--runtime-threads", "1", "--http", "1", "--no-ws",
+        "--log-level", "warning", "--no-access-log", "hotseat_router.app:app_from_env",
+    ]  # fmt: skip
+    env = {
+        "HOTSEAT_CONFIG": str(config), "HOTSEAT_NATS_URL": nats.url,
+        "HOTSEAT_LOG_LEVEL": "warning", "HOTSEAT_SUBJECT_PREFIX": f"bench{port}",
+        "HOTSEAT_AUDIT_STREAM": f"BENCH_{port}",
+    }  # fmt: skip
+    proc = spawn(
+        "router-granian", argv, url=f"http://127.0.0.1:{port}", log_path=workdir / "g.log",
+        env=env,
+    )  # fmt: skip
+    wait_for_http(proc, proc.url + "/readyz", 60)
+    return proc
+
+
 def start_yardstick(upstream: str, workdir: Path) -> Managed:
     port = free_port()
     argv = [
@@ -316,7 +345,7 @@ def main() -> int:
     parser.add_argument("--connections", default="1,8,64", help="concurrency levels")
     parser.add_argument(
         "--targets",
-        default="direct,router,yardstick,vllm-router,workers",
+        default="direct,router,granian,yardstick,vllm-router,workers",
         help="what to measure (comma-separated subset of the default)",
     )
     parser.add_argument(
@@ -371,6 +400,16 @@ def main() -> int:
                     "router-1w", router.url + path, args, workdir, modes, pid=router.pid
                 )
                 router.stop()
+            if "granian" in targets:
+                served = start_granian(config, nats, workdir)
+                if served is None:
+                    print("granian not installed: skipped", flush=True)
+                else:
+                    procs.append(served)
+                    results += measure(
+                        "granian-1w", served.url + path, args, workdir, modes, pid=served.pid
+                    )
+                    served.stop()
             if "yardstick" in targets:
                 yard = start_yardstick(upstream, workdir)
                 procs.append(yard)

@@ -195,8 +195,9 @@ class NatsActivationClient:
                     await self._follow(flight, deadline, told)
                     handle = self._leases.share(pool, member, waited=told is not None)
                     if handle is not None:
-                        if told is not None:
-                            self._withdraw(pool, member, attempt)  # no longer waits
+                        if told is not None:  # no longer waits (nothing awaited here:
+                            # the handle must reach the caller, who releases it)
+                            self._background(loop.create_task(self._leave(pool, member, attempt)))
                         return handle
                     if told is not None and flight.waits:
                         await self._wait_for_change(signal, generation, changed, deadline, told)
@@ -308,6 +309,15 @@ class NatsActivationClient:
         message = CancelRequest(pool=pool, member=member, attempt=attempt)
         task = asyncio.get_running_loop().create_task(self._fire(self._subjects.cancel, message))
         self._background(task)
+
+    async def _leave(self, pool: str, member: str, attempt: str) -> None:
+        """A waiter served by a shared lease leaves the pool's waiters: a publish, as a
+        release is (lost, the waiter lapses at the end of its hold; it holds no lease)."""
+        message = CancelRequest(pool=pool, member=member, attempt=attempt)
+        try:
+            await self._nc.publish(self._subjects.cancel, message.to_bytes())
+        except NatsError as exc:
+            log.warning("pool_message_failed", subject="cancel", error=type(exc).__name__)
 
     async def _fire(self, subject: str, message: WireModel) -> None:
         try:
