@@ -12,6 +12,14 @@ PRIORITY = "x-hotseat-priority"
 """A request's own priority, read by the router when its rule allows it (a whole number;
 above the rule's ``priorityHeader.max`` it is lowered to it, malformed it is ignored)."""
 
+SESSION = "x-hotseat-session"
+"""A conversation's id: a model group places its turns on the pool that served the last one
+when that costs no wait (else the OpenAI ``user`` field is the conversation; docs/adr/0012)."""
+
+PLACEMENT = "x-hotseat-placement"
+"""On a model group's response: the pool it was placed on and why
+(``gpu2; reason=resident_least_busy``)."""
+
 SERVICE_ERROR = "Nats-Service-Error"
 SERVICE_ERROR_CODE = "Nats-Service-Error-Code"
 

@@ -56,6 +56,33 @@ class Keys:
         """STRING with TTL: why the last swap to ``member`` failed (fast-fail backoff)."""
         return f"{self._pool(pool)}:failure:{member}"
 
+    def _group(self, group: str) -> str:
+        return f"{self.prefix}:group:{{{group}}}"
+
+    def group_copies(self, group: str) -> str:
+        """HASH pool -> the group member's copy state on that pool (JSON, docs/adr/0012)."""
+        return f"{self._group(group)}:copies"
+
+    def group_leases(self, group: str) -> str:
+        """ZSET ``<pool> <lease id>`` -> expiry (ms, Redis clock): leases placed by the group."""
+        return f"{self._group(group)}:leases"
+
+    def group_waiting(self, group: str) -> str:
+        """ZSET ``<pool> <attempt>`` -> hold deadline (ms): requests placed and held."""
+        return f"{self._group(group)}:waiting"
+
+    def group_claims(self, group: str) -> str:
+        """HASH pool -> until when (ms) a load the group started there counts as loading."""
+        return f"{self._group(group)}:claims"
+
+    def group_version(self, group: str) -> str:
+        """STRING: bumped by every claim (a claim applies only on the version it read)."""
+        return f"{self._group(group)}:version"
+
+    def group_session(self, group: str, session: str) -> str:
+        """STRING with TTL: the pool that served the session's last turn."""
+        return f"{self._group(group)}:session:{session}"
+
     def sim_ledger(self, gpu: str) -> str:
         """STREAM of sim GPU ledger entries (load/unload/oom/serve) for one simulated GPU."""
         return f"{self.prefix}:sim:{{{gpu}}}:ledger"

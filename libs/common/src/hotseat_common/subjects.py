@@ -51,6 +51,11 @@ class Subjects:
         """A router reports that a granted member failed at the connection level."""
         return f"{self.prefix}.pool.report"
 
+    @property
+    def place(self) -> str:
+        """A router asks for a model group: one placement, and that pool's acquire."""
+        return f"{self.prefix}.group.place"
+
     def pool_events(self, pool: str) -> str:
         return f"{self.prefix}.pool.events.{token(pool)}"
 

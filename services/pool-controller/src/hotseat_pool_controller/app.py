@@ -30,6 +30,7 @@ from hotseat_pool_controller.handlers import ActivationHandlers
 from hotseat_pool_controller.model import PoolPolicy
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.runtime.answers import PoolAnswers
+from hotseat_pool_controller.runtime.placement import CopyWriter, build_placement
 from hotseat_pool_controller.runtime.pool import PoolRuntime
 from hotseat_pool_controller.settings import ControllerSettings
 from hotseat_pool_controller.store.health import StoreHealth
@@ -37,6 +38,10 @@ from hotseat_pool_controller.store.link import RedisLink
 from hotseat_pool_controller.store.pool import PoolStore
 
 log = get_logger(__name__)
+
+STALE_TICKS = 3
+"""A group index entry no replica refreshed for this many idle tick intervals is a lost
+pool's (docs/adr/0012): quiet pools refresh theirs every interval."""
 
 
 def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI:  # noqa: PLR0915 - the lifespan wires every part, once
@@ -71,13 +76,31 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI: 
             for runtime in _runtimes(settings, config, redis, announcer, stack, tracing=tracing):
                 pools[runtime.name] = runtime
                 answers[runtime.name] = runtime.answers
+            placers, serves = build_placement(
+                config,
+                redis,
+                Keys(settings.key_prefix),
+                answers,
+                stale_ms=round(STALE_TICKS * settings.idle_tick_interval * 1000),
+            )
+            for runtime in pools.values():
+                if runtime.name in serves:
+                    runtime.copies = CopyWriter(
+                        serves[runtime.name], round(settings.idle_tick_interval * 1000)
+                    )
             health = StoreHealth(
                 redis,
                 interval=settings.store_probe_interval,
                 timeout=settings.store_probe_timeout,
             )
             handlers = ActivationHandlers(
-                nc, subjects, answers, settings.max_concurrent_requests, health, tracing=tracing
+                nc,
+                subjects,
+                answers,
+                settings.max_concurrent_requests,
+                health,
+                tracing=tracing,
+                placers=placers,
             )
             await handlers.start()
             await _wake_on_state_changes(nc, subjects, pools)

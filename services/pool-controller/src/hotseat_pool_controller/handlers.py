@@ -28,6 +28,7 @@ from hotseat_common.messages import (
     CancelRequest,
     DispatchFailureReport,
     ErrorReply,
+    PlaceRequest,
     ReleaseRequest,
     RenewReply,
     RenewRequest,
@@ -36,6 +37,7 @@ from hotseat_common.messages import (
 from hotseat_common.subjects import CONTROLLER_QUEUE_GROUP, Subjects
 from hotseat_common.tracing import NO_TRACING, Kind, Tracing
 from hotseat_pool_controller.runtime.answers import PoolAnswers
+from hotseat_pool_controller.runtime.placement import GroupPlacer
 from hotseat_pool_controller.store.health import StoreHealth
 from hotseat_pool_controller.store.pool import ConflictError, Renewal
 
@@ -56,8 +58,10 @@ class ActivationHandlers:
         health: StoreHealth | None = None,
         *,
         tracing: Tracing = NO_TRACING,
+        placers: Mapping[str, GroupPlacer] | None = None,
     ) -> None:
         self._nc = nc
+        self._placers = placers or {}
         self._tracing = tracing
         self._health = health
         self._subjects = subjects
@@ -74,6 +78,8 @@ class ActivationHandlers:
             self._subjects.cancel: self._cancel,
             self._subjects.report: self._report,
         }
+        if self._placers:
+            routes[self._subjects.place] = self._place
         for subject, handler in routes.items():
             sub = await self._nc.subscribe(
                 subject, queue=CONTROLLER_QUEUE_GROUP, cb=self._dispatcher(handler)
@@ -172,7 +178,9 @@ class ActivationHandlers:
         pool = self._pool(request.pool)
         if pool is None:
             return Ack(ok=False, code=ErrorCode.UNKNOWN_POOL, message=f"no pool {request.pool!r}")
-        return Ack(ok=await pool.release(request.member, request.lease_id))  # reply optional
+        released = await pool.release(request.member, request.lease_id)
+        await self._group_lease(request.group, request.pool, request.lease_id, None)
+        return Ack(ok=released)  # reply optional
 
     async def _renew(self, data: bytes) -> WireModel:
         request = RenewRequest.from_bytes(data)
@@ -180,6 +188,9 @@ class ActivationHandlers:
         if pool is None:
             return RenewReply(ok=False, code=ErrorCode.UNKNOWN_POOL)
         renewed = await pool.renew(request)
+        if renewed.outcome is Renewal.RENEWED:
+            ttl_ms = pool.policy.lease_ttl_ms
+            await self._group_lease(request.group, request.pool, request.lease_id, ttl_ms)
         if renewed.outcome is Renewal.UNKNOWN:
             return RenewReply(ok=False, code=ErrorCode.RECONCILING)
         ok = renewed.outcome is Renewal.RENEWED
@@ -194,7 +205,26 @@ class ActivationHandlers:
         pool = self._pool(request.pool)
         if pool is None:
             return Ack(ok=False, code=ErrorCode.UNKNOWN_POOL, message=f"no pool {request.pool!r}")
-        return Ack(ok=await pool.cancel(request.member, request.attempt))
+        cancelled = await pool.cancel(request.member, request.attempt)
+        placer = self._placers.get(request.group) if request.group else None
+        if placer is not None:
+            await placer.store.forget_waiter(request.pool, request.attempt)
+        return Ack(ok=cancelled)
+
+    async def _place(self, data: bytes) -> WireModel:
+        request = PlaceRequest.from_bytes(data)
+        placer = self._placers.get(request.group)
+        if placer is None:
+            return ErrorReply(code=ErrorCode.UNKNOWN_POOL, message=f"no group {request.group!r}")
+        return await placer.place(request)
+
+    async def _group_lease(
+        self, group: str | None, pool: str, lease_id: str, ttl_ms: int | None
+    ) -> None:
+        """A lease placed by a group was renewed (``ttl_ms``) or released (``None``)."""
+        placer = self._placers.get(group) if group else None
+        if placer is not None:
+            await placer.store.touch(pool, lease_id, ttl_ms)
 
     async def _report(self, data: bytes) -> WireModel:
         report = DispatchFailureReport.from_bytes(data)

@@ -29,8 +29,9 @@ class Attempt:
         *,
         router: str,
         client: str,
+        id: str | None = None,  # noqa: A002 - the attempt's name, as the controller has it
     ) -> None:
-        self.id = new_attempt(router)
+        self.id = id or new_attempt(router)
         """This try's name at the pool controller (the key of its waiter and its lease)."""
         self.backend = backend
         self._admission = admission
@@ -42,14 +43,20 @@ class Attempt:
 
     @classmethod
     def admitted(
-        cls, backend: Backend, health: PassiveHealth, *, router: str, client: str
+        cls,
+        backend: Backend,
+        health: PassiveHealth,
+        *,
+        router: str,
+        client: str,
+        id: str | None = None,  # noqa: A002 - the attempt's name, as the controller has it
     ) -> Attempt | None:
         """A try of ``backend`` for a request of ``client`` if passive health lets one go
         to it now (``None``: it is quarantined, or its one trial request is already out)."""
         admission = health.admit(backend.name)
         if admission is None:
             return None
-        return cls(backend, admission, health, router=router, client=client)
+        return cls(backend, admission, health, router=router, client=client, id=id)
 
     def succeeded(self) -> None:
         if self._settle():

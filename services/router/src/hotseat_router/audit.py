@@ -86,6 +86,7 @@ class RequestAudit:
                 "prompt_tokens": usage.prompt_tokens if usage is not None else None,
                 "completion_tokens": usage.completion_tokens if usage is not None else None,
                 "api_key": ctx.api_key,
+                "placement": ctx.placement,
             },
         )
         self._publisher.emit_encoded("request", outcome.value, event_id, data)

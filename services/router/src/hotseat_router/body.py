@@ -72,6 +72,9 @@ class RoutingFields:
 
     model: str
     stream: bool
+    user: str | None = None
+    """The OpenAI ``user`` field: a model group's conversation when no session header is
+    sent (docs/adr/0012)."""
 
 
 def parse_body(body: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> RoutingFields:
@@ -99,7 +102,12 @@ def parse_body(body: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> RoutingFields
     model = document.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' must be a non-empty string")
-    return RoutingFields(model=model, stream=document.get("stream") is True)
+    user = document.get("user")
+    return RoutingFields(
+        model=model,
+        stream=document.get("stream") is True,
+        user=user if isinstance(user, str) and user else None,
+    )
 
 
 def _deeper_than(document: dict[str, Any], body: bytes, limit: int) -> bool:

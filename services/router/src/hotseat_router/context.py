@@ -45,6 +45,8 @@ class RequestContext:
     """The swap the request caused or waited for: the last one that loaded its member,
     else the last one it waited through."""
     _swap_for_member: bool = False
+    placement: str | None = None
+    """Why a model group placed the request on its pool (docs/adr/0012)."""
     finished: bool = False
     """The terminal audit event was emitted."""
     outcome: str | None = None
@@ -79,6 +81,15 @@ class RequestContext:
             return
         self.swap_id = swap_id
         self._swap_for_member = for_member
+
+    def placed(self, pool: str, member: str, reason: str) -> None:
+        self.pool, self.member, self.placement = pool, member, reason
+
+    def placement_header(self) -> str | None:
+        """``gpu2; reason=resident_least_busy`` for a placed request."""
+        if self.placement is None:
+            return None
+        return f"{self.pool}; reason={self.placement}"
 
     def held_for(self, seconds: float) -> None:
         self.held_s += seconds

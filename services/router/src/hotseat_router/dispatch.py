@@ -37,11 +37,18 @@ from hotseat_common.errors import (
     SwapFailed,
     UnknownPool,
 )
+from hotseat_common.headers import SESSION
 from hotseat_common.logging import get_logger
 from hotseat_common.messages import WaitReply
 from hotseat_common.metrics import RouterMetrics
 from hotseat_common.tracing import NO_TRACING, Kind, Tracing
-from hotseat_router.activation.protocol import ActivationClient, Lease
+from hotseat_router.activation.protocol import (
+    ActivationClient,
+    GroupAsk,
+    Lease,
+    Placed,
+    new_attempt,
+)
 from hotseat_router.activation.scope import LeaseScope
 from hotseat_router.attempt import Attempt
 from hotseat_router.audit import RequestAudit
@@ -50,7 +57,7 @@ from hotseat_router.context import RequestContext
 from hotseat_router.errors import AllBackendsFailed, DeadlineExceeded, FailClosed
 from hotseat_router.headers import upstream_request_headers
 from hotseat_router.health import Failure, PassiveHealth
-from hotseat_router.matching import Route
+from hotseat_router.matching import GroupRoute, Route
 from hotseat_router.rewrite import ModelSlot, with_model
 from hotseat_router.upstream import Body, UpstreamClient, UpstreamConnectError, UpstreamResponse
 
@@ -130,7 +137,12 @@ class Dispatcher:
         self, ctx: RequestContext, route: Route, out: Outbound, deadline: float
     ) -> Dispatched:
         tally = _Tally()
-        for backend in route.backends:
+        for backend in route.steps or route.backends:
+            if isinstance(backend, GroupRoute):
+                placed = await self._try_group(ctx, route, out, deadline, backend, tally)
+                if placed is not None:
+                    return placed
+                continue
             if out.sensitive and backend.tier is not Tier.LOCAL:
                 tally.withheld += 1
                 continue
@@ -171,6 +183,121 @@ class Dispatcher:
                 return None
             attempt.succeeded()
             return Dispatched(backend=backend, response=response, lease=attempt.hand_on())
+
+    async def _try_group(  # noqa: PLR0917 - the walk's context, as _try has it
+        self,
+        ctx: RequestContext,
+        route: Route,
+        out: Outbound,
+        deadline: float,
+        group: GroupRoute,
+        tally: _Tally,
+    ) -> Dispatched | None:
+        """A model group (docs/adr/0012): placed by the controller, then one attempt on
+        the placed backend; a pool whose load failed is left for another placement (its
+        backoff keeps it out), up to once per member. ``None`` means the walk goes on."""
+        if out.sensitive and any(b.tier is not Tier.LOCAL for b in group.backends.values()):
+            tally.withheld += 1
+            return None
+        for _ in group.backends:
+            attempt_id = new_attempt(self._router)
+            placed = await self._place(
+                ctx,
+                route,
+                group,
+                attempt=attempt_id,
+                session=_session(out),
+                deadline=deadline,
+                tally=tally,
+            )
+            if placed is None:
+                return None
+            if placed is _AGAIN:
+                continue
+            assert isinstance(placed, Placed)  # noqa: S101 - narrowed from the sentinel
+            backend = group.backends[placed.backend]
+            attempt = Attempt.admitted(
+                backend, self._health, router=self._router, client=ctx.client, id=attempt_id
+            )
+            if attempt is None:
+                await self._activation.release(placed.lease, confirm=True)
+                tally.quarantined += 1
+                continue
+            async with attempt:
+                attempt.lease = LeaseScope(self._activation, placed.lease, ctx.request_id)
+                response = await self._send(ctx, route, out, deadline=deadline, attempt=attempt)
+                if response is None:
+                    tally.failed += 1
+                    continue
+                attempt.succeeded()
+                return Dispatched(backend=backend, response=response, lease=attempt.hand_on())
+        return None
+
+    async def _place(
+        self,
+        ctx: RequestContext,
+        route: Route,
+        group: GroupRoute,
+        *,
+        attempt: str,
+        session: str | None,
+        deadline: float,
+        tally: _Tally,
+    ) -> Placed | object | None:
+        """The placed lease; ``None``: the group cannot serve now (tallied); ``_AGAIN``:
+        the placed pool's load failed, place again."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DeadlineExceeded("the request deadline passed before a backend answered")
+        budgets = [
+            self._pool_budgets.get(b.pool.name, remaining)
+            for b in group.backends.values()
+            if b.pool
+        ]
+        budget = min(max(budgets, default=remaining), remaining)
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(budget + ACQUIRE_GRACE_S):
+                ask = GroupAsk(
+                    group.name,
+                    route.activation,
+                    attempt,
+                    ctx.request_id,
+                    budget,
+                    priority=ctx.priority,
+                    session=session,
+                )
+                placed = await self._activation.place(
+                    ask, lambda reply: ctx.waits_for_swap(reply.swap_id, for_member=True)
+                )
+        except TimeoutError as exc:
+            raise ActivationTimeout(
+                f"group {group.name!r} was not placed within {budget:.0f}s"
+            ) from exc
+        except IncumbentBusy as exc:
+            ctx.asks_pool(ctx.pool or group.name, ctx.member or group.name)
+            self._audit.busy_skip(
+                ctx, backend=group.name, pool=group.name, member=group.name, reason=exc.code
+            )
+            tally.busy.append(exc.retry_after)
+            return None
+        except QueueFull as exc:
+            tally.queue_full.append(exc.retry_after)
+            return None
+        except SwapFailed as exc:
+            tally.failed += 1
+            log.warning(ErrorCode.SWAP_FAILED, group=group.name, error=str(exc))
+            return _AGAIN
+        except (ControllerUnavailable, UnknownPool) as exc:
+            tally.unavailable.append(exc.retry_after)
+            log.warning("activation_unavailable", group=group.name, error=str(exc))
+            return None
+        finally:
+            ctx.held_for(time.monotonic() - started)
+        lease = placed.lease
+        ctx.placed(lease.pool, lease.member, placed.reason.value)
+        _leased(ctx, lease)
+        return placed
 
     async def _lease(
         self, ctx: RequestContext, route: Route, attempt: Attempt, deadline: float, tally: _Tally
@@ -341,6 +468,19 @@ class Dispatcher:
         result = "ok" if response.status < 400 else "http_4xx"
         attempts.labels(self._router, backend.name, result).inc()
         return response
+
+
+_AGAIN = object()
+"""A placement whose pool failed its load: the group is asked again."""
+
+
+def _session(out: Outbound) -> str | None:
+    """The conversation a model group keeps on one pool: ``x-hotseat-session``, else the
+    OpenAI ``user`` field."""
+    for name, value in out.headers:
+        if name.lower() == SESSION and value:
+            return value
+    return out.fields.user
 
 
 def _leased(ctx: RequestContext, lease: Lease) -> Lease:

@@ -11,6 +11,8 @@ import os
 import re
 from collections.abc import Iterable
 
+from hotseat_common.headers import PLACEMENT
+
 REQUEST_ID = "x-hotseat-request-id"
 BACKEND = "x-hotseat-backend"
 HOLD_MS = "x-hotseat-hold-ms"
@@ -18,6 +20,7 @@ HOLD_MS = "x-hotseat-hold-ms"
 REQUEST_ID_B = REQUEST_ID.encode()
 BACKEND_B = BACKEND.encode()
 HOLD_MS_B = HOLD_MS.encode()
+PLACEMENT_B = PLACEMENT.encode()
 
 HOP_BY_HOP = frozenset(
     {
@@ -40,7 +43,14 @@ _NOT_FORWARDED = HOP_BY_HOP | {
     b"expect",
     REQUEST_ID_B,
 }
-_NOT_RETURNED = HOP_BY_HOP | {b"date", b"server", REQUEST_ID_B, BACKEND_B, HOLD_MS_B}
+_NOT_RETURNED = HOP_BY_HOP | {
+    b"date",
+    b"server",
+    REQUEST_ID_B,
+    BACKEND_B,
+    HOLD_MS_B,
+    PLACEMENT_B,
+}
 """``date`` and ``server`` are the router's own (the server adds them)."""
 
 _REQUEST_ID_OK = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
@@ -90,9 +100,11 @@ def client_response_headers(
     backend: bytes,
     request_id: bytes,
     hold_ms: int | None = None,
+    placement: str | None = None,
 ) -> list[tuple[bytes, bytes]]:
     """What the client receives: the upstream's end-to-end headers and ours (``hold_ms``
-    for a pooled backend: how long the request waited for its lease)."""
+    for a pooled backend: how long the request waited for its lease; ``placement`` for a
+    model group's request: where it was placed and why)."""
     lowered = [(name.lower(), value) for name, value in upstream_headers]
     listed = _connection_listed(lowered)
     out = [
@@ -102,4 +114,6 @@ def client_response_headers(
     out.append((REQUEST_ID_B, request_id))
     if hold_ms is not None:
         out.append((HOLD_MS_B, str(hold_ms).encode()))
+    if placement is not None:
+        out.append((PLACEMENT_B, placement.encode()))
     return out

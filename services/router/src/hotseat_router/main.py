@@ -74,13 +74,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"hotseat-router: invalid config {exc}\n")
         return EXIT_CONFIG
-    grouped = [r.name for r in config.rules if any(config.group(t) for t in r.route.backends)]
-    if grouped:
-        sys.stderr.write(
-            f"hotseat-router: rules {grouped} name model groups, which this router does not"
-            " place yet (docs/adr/0012)\n"
-        )
-        return EXIT_CONFIG
     if settings.body_budget_bytes < config.router.max_body_bytes:
         sys.stderr.write(
             f"hotseat-router: --body-budget-bytes ({settings.body_budget_bytes}) is smaller"

@@ -33,16 +33,29 @@ DEFAULT_ROUTE = "defaultRoute"
 
 
 @dataclass(frozen=True, slots=True)
+class GroupRoute:
+    """A model group named by a rule: one step of the walk, placed by the controller
+    (docs/adr/0012) on one of its members' pools."""
+
+    name: str
+    backends: Mapping[str, Backend]
+    """backend name -> the backend that fronts a member."""
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
     """The matched rule (``None`` for the default route) and its backends in order."""
 
     rule: str | None
     backends: tuple[Backend, ...]
+    """Every backend the route may use, a group's members in the group's place."""
     activation: PoolActivation
     timeout: float | None
     priority: int = 0
     priority_header: PriorityHeader = field(default_factory=PriorityHeader)
     hold_keep_alive: float | None = None
+    steps: tuple[Backend | GroupRoute, ...] = ()
+    """The walk's steps when the rule names a model group (empty: ``backends``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +73,26 @@ def _globs(patterns: Iterable[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(translated)) if translated else None
 
 
+def _steps(rule: Rule, config: HotseatConfig) -> tuple[Backend | GroupRoute, ...]:
+    steps: list[Backend | GroupRoute] = []
+    for name in rule.route.backends:
+        group = config.group(name)
+        if group is not None:
+            members = {m.backend: b for m in group.members if (b := config.backend(m.backend))}
+            steps.append(GroupRoute(group.name, members))
+        elif (backend := config.backend(name)) is not None:
+            steps.append(backend)
+    return tuple(steps)
+
+
 def _compile(rule: Rule, config: HotseatConfig) -> _CompiledRule:
     models = _globs(rule.match.models)
-    backends = tuple(b for name in rule.route.backends if (b := config.backend(name)) is not None)
+    steps = _steps(rule, config)
+    backends = tuple(
+        b
+        for step in steps
+        for b in (step.backends.values() if isinstance(step, GroupRoute) else (step,))
+    )
     return _CompiledRule(
         rule=rule,
         models=models,
@@ -76,6 +106,7 @@ def _compile(rule: Rule, config: HotseatConfig) -> _CompiledRule:
             priority=rule.priority,
             priority_header=rule.priority_header,
             hold_keep_alive=rule.hold_keep_alive,
+            steps=steps if any(isinstance(s, GroupRoute) for s in steps) else (),
         ),
     )
 

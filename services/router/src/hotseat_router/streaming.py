@@ -123,6 +123,7 @@ class Relay:
                         backend=dispatched.backend.name.encode(),
                         request_id=ctx.request_id.encode(),
                         hold_ms=ctx.hold_ms() if dispatched.backend.pool is not None else None,
+                        placement=ctx.placement_header(),
                     ),
                 }
             )

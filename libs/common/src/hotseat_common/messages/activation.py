@@ -116,6 +116,8 @@ class RenewRequest(WireModel):
     attempt: str = ""
     request_id: str = ""
     router: str = ""
+    group: str | None = None
+    """The model group that placed the lease (docs/adr/0012): its lease count follows."""
 
 
 class RenewReply(WireModel):
@@ -133,6 +135,8 @@ class ReleaseRequest(WireModel):
     pool: str
     member: str
     lease_id: str
+    group: str | None = None
+    """The model group that placed the lease (docs/adr/0012): its lease count follows."""
 
 
 class CancelRequest(WireModel):
@@ -140,6 +144,8 @@ class CancelRequest(WireModel):
     member: str
     attempt: str
     """The attempt that gives up: only its waiter, and its lease on ``member``, go."""
+    group: str | None = None
+    """The model group that placed the attempt: its count of held requests follows."""
 
 
 class DispatchFailureReport(WireModel):

@@ -128,6 +128,9 @@ class AuditEvent(WireModel):
     evicts: str | None = None
     """A capacity pool's ``swap_started``: the members the plan evicts, comma-separated
     (docs/adr/0008); absent when it evicts nothing."""
+    placement: str | None = None
+    """A request for a model group: why it went to its ``pool`` (a
+    :class:`~hotseat_common.messages.placement.PlacementReason`, docs/adr/0012)."""
 
     @model_validator(mode="after")
     def _outcome_fits_kind(self) -> Self:

@@ -59,6 +59,7 @@ EVENT_FIELDS: tuple[str, ...] = (
     *CACHE_FIELDS,
     *OBSERVABILITY_FIELDS,
     "evicts",
+    "placement",
     "v",
 )
 """Columns that hold the event itself, in :class:`AuditEvent` field order."""

@@ -185,6 +185,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         sqlite=("ALTER TABLE audit_events ADD COLUMN evicts TEXT",),
         postgres=("ALTER TABLE audit_events ADD COLUMN evicts text",),
     ),
+    Migration(
+        5,
+        "why a model group's request went to its pool",
+        sqlite=("ALTER TABLE audit_events ADD COLUMN placement TEXT",),
+        postgres=("ALTER TABLE audit_events ADD COLUMN placement text",),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -31,6 +31,7 @@ from hotseat_pool_controller.model import NOTHING, Phase, PoolPolicy, PoolSnapsh
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.runtime.answers import PoolAnswers, Stir
 from hotseat_pool_controller.runtime.outcomes import Outcomes
+from hotseat_pool_controller.runtime.placement import CopyWriter
 from hotseat_pool_controller.runtime.recovery import Recovery
 from hotseat_pool_controller.runtime.swaps import SwapRunner, Swaps
 from hotseat_pool_controller.runtime.transitions import Transitions
@@ -63,6 +64,8 @@ class PoolRuntime:
         self.swaps = Swaps(runner, announcer, policy.name, self._wake)
         self._transitions = Transitions(store, driver, outcomes, self.swaps)
         self._recovery = Recovery(store, driver, self._transitions, announcer)
+        self.copies: CopyWriter | None = None
+        """Its entries in the group indexes, when model groups serve on it (docs/adr/0012)."""
         self.answers = PoolAnswers(
             store,
             controller,
@@ -87,6 +90,8 @@ class PoolRuntime:
             return None
         free = free_gib(snap, self.policy) if self.policy.has_capacity else None
         self._announcer.observe(self.name, snap, free)
+        if self.copies is not None:
+            await self.copies.observe(self.name, snap, self.policy)
         reaped = await self._store.reap() if reap else []
         for lease in reaped:
             self._announcer.lease_expired(self.name, lease)

@@ -4,7 +4,8 @@ treated as resident and a lease is a no-op (a config without pools)."""
 from __future__ import annotations
 
 from hotseat_common.config.model import PoolActivation
-from hotseat_router.activation.protocol import Lease, OnWait
+from hotseat_common.errors import UnknownPool
+from hotseat_router.activation.protocol import GroupAsk, Lease, OnWait, Placed
 
 
 class DirectActivation:
@@ -31,6 +32,10 @@ class DirectActivation:
             attempt=attempt,
             request_id=request_id,
         )
+
+    async def place(self, ask: GroupAsk, on_wait: OnWait | None = None) -> Placed:
+        """Never asked: a model group's members are pooled, so its router has a controller."""
+        raise UnknownPool(f"group {ask.group!r}: no pool controller is configured")
 
     async def release(self, lease: Lease, *, confirm: bool = False) -> None:
         return None

@@ -107,8 +107,13 @@ class HeldLeases:
         due = _next_renewal(lease, loop.time())
         held = _Held(lease, due, handles=[lease])
         self._held[lease.lease_id] = held
+        if lease.group is not None:
+            # A group's lease counts one request: its placements spread by those counts.
+            held.shareable = False
         current = self._shared.get(held.key)
-        if current is None or not current.shareable or current.lease.lost.is_set():
+        if held.shareable and (
+            current is None or not current.shareable or current.lease.lost.is_set()
+        ):
             self._shared[held.key] = held
         if self._renewer is None:
             self._renewer = loop.create_task(self._renew_loop())

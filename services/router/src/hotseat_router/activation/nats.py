@@ -51,6 +51,9 @@ from hotseat_common.messages import (
     ErrorReply,
     Granted,
     IncumbentBusyReply,
+    PlacementReason,
+    PlaceReply,
+    PlaceRequest,
     PoolStateChanged,
     ReleaseRequest,
     RenewReply,
@@ -61,7 +64,7 @@ from hotseat_common.messages import (
 from hotseat_common.subjects import Subjects
 from hotseat_common.tracing import NO_TRACING, Tracing
 from hotseat_router.activation.held import HeldLeases
-from hotseat_router.activation.protocol import Lease, OnWait
+from hotseat_router.activation.protocol import GroupAsk, Lease, OnWait, Placed
 
 log = get_logger(__name__)
 
@@ -257,32 +260,96 @@ class NatsActivationClient:
         self, request: AcquireRequest, deadline: float
     ) -> tuple[Granted | IncumbentBusyReply | WaitReply | ErrorReply, float]:
         """One acquire, asked again (same attempt) while the controller is slow; the reply
-        and the loop time at which the question it answers was sent. Each question says how
+        and the loop time at which the question it answers was sent."""
+        data, asked_at = await self._question(
+            self._subjects.acquire, request, request.pool, request.request_id, deadline
+        )
+        return ACQUIRE_REPLY.validate_json(data), asked_at
+
+    async def _question(
+        self,
+        subject: str,
+        request: AcquireRequest | PlaceRequest,
+        what: str,
+        request_id: str,
+        deadline: float,
+    ) -> tuple[bytes, float]:
+        """One question with a hold, asked again (same attempt) while the controller is
+        slow; the answer and the loop time at which it was sent. Each question says how
         long the hold still runs (``deadline`` is on this loop's clock)."""
         loop = asyncio.get_running_loop()
         while True:
             left = deadline - loop.time()
             if left <= 0:
-                raise ActivationTimeout(f"pool {request.pool}: controller did not answer in time")
+                raise ActivationTimeout(f"pool {what}: controller did not answer in time")
             asked_at = loop.time()
             question = request.model_copy(update={"hold_s": left})
             try:
-                data = await self._request(
-                    self._subjects.acquire, question, min(REQUEST_TIMEOUT_S, left)
-                )
+                data = await self._request(subject, question, min(REQUEST_TIMEOUT_S, left))
             except NoRespondersError as exc:
                 raise ControllerUnavailable(
-                    f"pool {request.pool}: no pool controller is running", retry_after=1.0
+                    f"pool {what}: no pool controller is running", retry_after=1.0
                 ) from exc
             except NatsTimeoutError:
-                log.warning("acquire_slow", pool=request.pool, request_id=request.request_id)
+                log.warning("acquire_slow", pool=what, request_id=request_id)
                 continue
             except NatsError as exc:
                 raise ControllerUnavailable(
-                    f"pool {request.pool}: NATS unavailable ({type(exc).__name__})",
-                    retry_after=1.0,
+                    f"pool {what}: NATS unavailable ({type(exc).__name__})", retry_after=1.0
                 ) from exc
-            return ACQUIRE_REPLY.validate_json(data), asked_at
+            return data, asked_at
+
+    # --- placement (docs/adr/0012) ---------------------------------------------------------
+
+    async def place(self, ask: GroupAsk, on_wait: OnWait | None = None) -> Placed:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ask.budget_s
+        group, attempt, request_id = ask.group, ask.attempt, ask.request_id
+        request = PlaceRequest(
+            group=group,
+            mode=ask.mode,
+            attempt=attempt,
+            request_id=request_id,
+            router=self._router,
+            hold_s=ask.budget_s,
+            priority=ask.priority or None,
+            session=ask.session,
+        )
+        where: tuple[str, str] | None = None
+        reason: PlacementReason | None = None
+        """Why the request is where it is (a re-ask that keeps it there says ``kept``)."""
+        try:
+            while True:
+                # The pool's generation before asking: a change while asking is not missed.
+                before = self._signal(where[0]) if where is not None else None
+                seen = (where, before.generation, before.changed) if before is not None else None
+                data, asked_at = await self._question(
+                    self._subjects.place, request, f"group {group}", request_id, deadline
+                )
+                answer = PlaceReply.from_bytes(data)
+                where = _placed_on(group, answer)
+                if answer.reason != PlacementReason.KEPT or reason is None:
+                    reason = answer.reason
+                request = request.model_copy(update={"placed": where[0]})
+                reply = answer.reply
+                if isinstance(reply, Granted):
+                    if loop.time() < asked_at + reply.ttl_s:
+                        lease = self._lease(where, reply, request, asked_at, group=group)
+                        return Placed(lease, answer.backend or "", reason)
+                    log.warning("acquire_grant_stale", pool=where[0], request_id=request_id)
+                    continue
+                waiting = _expect_wait(where[0], reply)
+                if on_wait is not None:
+                    on_wait(waiting)
+                signal = self._signal(where[0])
+                generation, changed = signal.generation, signal.changed
+                if seen is not None and seen[0] == where:
+                    generation, changed = seen[1], seen[2]
+                await self._wait_for_change(signal, generation, changed, deadline, waiting)
+        except BaseException:
+            if where is not None:
+                self._withdraw(where[0], where[1], attempt, group=group)
+            raise
 
     async def _wait_for_change(
         self,
@@ -304,9 +371,9 @@ class NatsActivationClient:
         if loop.time() >= deadline:
             raise _budget_spent(reply)
 
-    def _withdraw(self, pool: str, member: str, attempt: str) -> None:
+    def _withdraw(self, pool: str, member: str, attempt: str, *, group: str | None = None) -> None:
         """Leave the pool's waiters; runs even when the caller was cancelled."""
-        message = CancelRequest(pool=pool, member=member, attempt=attempt)
+        message = CancelRequest(pool=pool, member=member, attempt=attempt, group=group)
         task = asyncio.get_running_loop().create_task(self._fire(self._subjects.cancel, message))
         self._background(task)
 
@@ -332,9 +399,20 @@ class NatsActivationClient:
     # --- leases -----------------------------------------------------------------------
 
     def _granted(self, request: AcquireRequest, reply: Granted, asked_at: float) -> Lease:
+        return self._lease((request.pool, request.member), reply, request, asked_at)
+
+    def _lease(
+        self,
+        where: tuple[str, str],
+        reply: Granted,
+        request: AcquireRequest | PlaceRequest,
+        asked_at: float,
+        *,
+        group: str | None = None,
+    ) -> Lease:
         lease = Lease(
-            pool=request.pool,
-            member=request.member,
+            pool=where[0],
+            member=where[1],
             lease_id=reply.lease_id,
             epoch=reply.epoch,
             ttl_s=reply.ttl_s,
@@ -342,6 +420,7 @@ class NatsActivationClient:
             request_id=request.request_id,
             swap_id=reply.swap_id,
             valid_until=asked_at + reply.ttl_s,
+            group=group,
         )
         return self._leases.hold(lease)
 
@@ -354,6 +433,7 @@ class NatsActivationClient:
             attempt=lease.attempt,
             request_id=lease.request_id,
             router=self._router,
+            group=lease.group,
         )
         try:
             data = await self._request(self._subjects.renew, message, SMALL_TIMEOUT_S)
@@ -368,7 +448,9 @@ class NatsActivationClient:
         once the store has it). Releasing twice is harmless."""
         if not self._leases.drop(lease):
             return
-        message = ReleaseRequest(pool=lease.pool, member=lease.member, lease_id=lease.lease_id)
+        message = ReleaseRequest(
+            pool=lease.pool, member=lease.member, lease_id=lease.lease_id, group=lease.group
+        )
         if confirm:
             await self._fire(self._subjects.release, message)
             return
@@ -396,10 +478,27 @@ def _expect_wait(pool: str, reply: IncumbentBusyReply | WaitReply | ErrorReply) 
     """The reply if it says wait; otherwise the refusal as its exception."""
     if isinstance(reply, WaitReply):
         return reply
+    raise _refusal(pool, reply)
+
+
+def _placed_on(group: str, answer: PlaceReply) -> tuple[str, str]:
+    """The pool and member placed on; a group that placed nothing, as its exception."""
+    if answer.pool is None or answer.member is None:
+        raise _refusal(f"group {group}", answer.reply)
+    return answer.pool, answer.member
+
+
+def _refusal(
+    pool: str, reply: Granted | IncumbentBusyReply | WaitReply | ErrorReply
+) -> ActivationError:
+    """A reply that is neither a grant nor a wait, as its exception."""
+    if isinstance(reply, Granted | WaitReply):
+        return ActivationError(f"pool {pool}: unexpected {reply.status} without a placement")
     if isinstance(reply, IncumbentBusyReply):
-        raise IncumbentBusy(
-            f"pool {pool}: {reply.resident} is busy", retry_after=reply.retry_after_s
+        return IncumbentBusy(
+            f"pool {pool}: {reply.resident or 'every pool'} is busy",
+            retry_after=reply.retry_after_s,
         )
-    raise ACTIVATION_ERRORS.get(reply.code, ActivationError)(
+    return ACTIVATION_ERRORS.get(reply.code, ActivationError)(
         f"pool {pool}: {reply.message}", retry_after=reply.retry_after_s
     )

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hotseat_common.config.model import PoolActivation
-from hotseat_common.messages import WaitReply
+from hotseat_common.messages import PlacementReason, WaitReply
 
 OnWait = Callable[[WaitReply], None]
 """Told each wait answer of an acquire (position, estimate, target)."""
@@ -64,10 +64,37 @@ class Lease:
     """Set when the controller refused a renewal: the member may no longer be resident."""
     valid_until: float = math.inf
     """Event-loop time until which the lease is certainly alive (``inf``: no controller)."""
+    group: str | None = None
+    """The model group that placed it (docs/adr/0012): never shared, and its renewals and
+    release name the group."""
 
     def expired(self) -> bool:
         """True once the lease may have expired at the controller (or was refused)."""
         return self.lost.is_set() or asyncio.get_running_loop().time() >= self.valid_until
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAsk:
+    """One request's question to a model group."""
+
+    group: str
+    mode: PoolActivation
+    attempt: str
+    request_id: str
+    budget_s: float
+    priority: int = 0
+    session: str | None = None
+    """The conversation: placed where its last turn was served when that costs no wait."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A model group's request, leased on the pool the controller placed it on."""
+
+    lease: Lease
+    backend: str
+    """The backend that fronts the placed member."""
+    reason: PlacementReason
 
 
 class ActivationClient(Protocol):
@@ -91,6 +118,11 @@ class ActivationClient(Protocol):
         estimate). Cancelling the awaiting task (client disconnect) withdraws the attempt
         from the pool's waiters.
         """
+        ...
+
+    async def place(self, ask: GroupAsk, on_wait: OnWait | None = None) -> Placed:
+        """Like :meth:`acquire`, for a model group: the controller picks the pool
+        (docs/adr/0012) and the request holds there."""
         ...
 
     async def release(self, lease: Lease, *, confirm: bool = False) -> None:

@@ -1,0 +1,199 @@
+"""One model group as this controller replica answers it (docs/adr/0012): read the group
+index, decide the placement (pure), claim a new copy when the decision starts one, run
+the placed pool's own acquire, and count the outcome in the index.
+
+The acquire is the pool's, unchanged: fenced and atomic as for a plain backend. The index
+only steers which pool is asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hotseat_common.config.model import HotseatConfig, ModelGroup
+from hotseat_common.errors import ErrorCode
+from hotseat_common.keys import Keys
+from hotseat_common.logging import get_logger
+from hotseat_common.messages import (
+    AcquireRequest,
+    ErrorReply,
+    Granted,
+    IncumbentBusyReply,
+    PlacementReason,
+    PlaceReply,
+    PlaceRequest,
+    WaitReply,
+)
+from hotseat_pool_controller.decisions.placement import (
+    CopyState,
+    GroupMember,
+    GroupPolicy,
+    copy_state,
+    decide_placement,
+)
+from hotseat_pool_controller.model import PoolPolicy, PoolSnapshot
+from hotseat_pool_controller.runtime.answers import PoolAnswers
+from hotseat_pool_controller.store.group import GroupStore
+from hotseat_pool_controller.store.link import RedisLink
+from hotseat_pool_controller.store.pool import ConflictError
+
+log = get_logger(__name__)
+
+MAX_CLAIMS = 5
+"""Placements that lost their claim to another one are decided again this often."""
+SESSION_TTL_MS = 30 * 60 * 1000
+"""How long a session's pool is remembered after its last turn."""
+BUSY_RETRY_AFTER_S = 1.0
+
+
+def group_policy(config: HotseatConfig, group: ModelGroup) -> GroupPolicy:
+    members = []
+    for m in group.members:
+        backend = config.backend(m.backend)
+        if backend is not None and backend.pool is not None:
+            members.append(GroupMember(backend.pool.name, backend.pool.member, m.backend, m.slots))
+    return GroupPolicy(group.name, group.max_copies, tuple(members))
+
+
+class GroupPlacer:
+    def __init__(
+        self,
+        policy: GroupPolicy,
+        store: GroupStore,
+        pools: Mapping[str, PoolAnswers],
+        *,
+        stale_ms: int,
+    ) -> None:
+        self.policy = policy
+        self.store = store
+        self._pools = pools
+        self._stale_ms = stale_ms
+
+    async def place(self, request: PlaceRequest) -> PlaceReply:
+        group = self.policy
+        for _ in range(MAX_CLAIMS):
+            snap = await self.store.read(request.session)
+            placement = decide_placement(
+                group, snap, mode=request.mode, stale_ms=self._stale_ms, placed=request.placed
+            )
+            pool = placement.pool
+            if pool is None:
+                return _unplaced(placement.reason, group.name)
+            answers = self._pools.get(pool)
+            if not placement.claim or answers is None:
+                break
+            if await self.store.claim(pool, snap.version, answers.policy.swap_timeout_ms):
+                break
+        else:
+            raise ConflictError(f"group {group.name}: every claim lost a race")
+        member = group.on(pool)
+        if answers is None or member is None:
+            return PlaceReply(
+                reason=PlacementReason.NO_POOL,
+                reply=ErrorReply(code=ErrorCode.UNKNOWN_POOL, message=f"no pool {pool!r} here"),
+            )
+        if request.placed is not None and request.placed != pool:
+            await self._leave(request.placed, request.attempt)
+        reply = await answers.acquire(
+            AcquireRequest(
+                pool=pool,
+                member=member.member,
+                mode=request.mode,
+                attempt=request.attempt,
+                request_id=request.request_id,
+                router=request.router,
+                hold_s=request.hold_s,
+                priority=request.priority,
+            )
+        )
+        if isinstance(reply, Granted):
+            await self.store.record(
+                pool,
+                request.attempt,
+                lease_id=reply.lease_id,
+                ttl_ms=round(reply.ttl_s * 1000),
+                session=request.session,
+                session_ttl_ms=SESSION_TTL_MS,
+            )
+        elif isinstance(reply, WaitReply):
+            await self.store.record(
+                pool,
+                request.attempt,
+                lease_id=None,
+                ttl_ms=round(request.hold_s * 1000),
+                session=None,
+                session_ttl_ms=0,
+            )
+        return PlaceReply(
+            pool=pool,
+            member=member.member,
+            backend=member.backend,
+            reason=placement.reason,
+            reply=reply,
+        )
+
+    async def _leave(self, pool: str, attempt: str) -> None:
+        """A held request re-placed elsewhere leaves its first pool's waiters."""
+        member = self.policy.on(pool)
+        answers = self._pools.get(pool)
+        if member is not None and answers is not None:
+            await answers.cancel(member.member, attempt)
+        await self.store.forget_waiter(pool, attempt)
+
+
+def _unplaced(reason: PlacementReason, group: str) -> PlaceReply:
+    if reason == PlacementReason.BUSY:
+        reply: IncumbentBusyReply | ErrorReply = IncumbentBusyReply(
+            retry_after_s=BUSY_RETRY_AFTER_S
+        )
+    else:
+        reply = ErrorReply(
+            code=ErrorCode.SWAP_FAILED,
+            message=f"no pool of group {group!r} can serve it (lost, or its last load failed)",
+            retry_after_s=BUSY_RETRY_AFTER_S,
+        )
+    return PlaceReply(reason=reason, reply=reply)
+
+
+class CopyWriter:
+    """Keeps one pool's entries in the indexes of the groups it serves: written from each
+    snapshot the supervisor reads, when it changed or is half ``refresh_ms`` old."""
+
+    def __init__(self, stores: list[tuple[GroupStore, str]], refresh_ms: int) -> None:
+        self._stores = stores
+        """(group store, the group's member on this pool)."""
+        self._refresh_ms = refresh_ms
+        self._last: dict[str, CopyState] = {}
+
+    async def observe(self, pool: str, snap: PoolSnapshot, policy: PoolPolicy) -> None:
+        for store, member in self._stores:
+            state = copy_state(snap, policy, member)
+            last = self._last.get(store.group)
+            fresh = (
+                last is not None
+                and state.same(last)
+                and snap.now_ms - last.at_ms < self._refresh_ms // 2
+            )
+            if not fresh:
+                await store.write_copy(pool, state)
+                self._last[store.group] = state
+
+
+def build_placement(
+    config: HotseatConfig,
+    link: RedisLink,
+    keys: Keys,
+    pools: Mapping[str, PoolAnswers],
+    *,
+    stale_ms: int,
+) -> tuple[dict[str, GroupPlacer], dict[str, list[tuple[GroupStore, str]]]]:
+    """A placer per group, and for each pool the (group store, member) pairs it serves."""
+    placers: dict[str, GroupPlacer] = {}
+    serves: dict[str, list[tuple[GroupStore, str]]] = {}
+    for group in config.model_groups:
+        policy = group_policy(config, group)
+        store = GroupStore(link, keys, group.name)
+        placers[group.name] = GroupPlacer(policy, store, pools, stale_ms=stale_ms)
+        for m in policy.members:
+            serves.setdefault(m.pool, []).append((store, m.member))
+    return placers, serves

@@ -1,0 +1,193 @@
+"""The group index of one model group (docs/adr/0012): read in one round trip, claimed
+with a compare on its version, and kept by the placement's grants, waits, renewals and
+releases and by the pool supervisors' copy entries.
+
+Every key is in the group's ``{group:<name>}`` hash tag and declared in each script's
+``KEYS``; every script runs a fixed number of commands, whatever the number of pools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+
+import orjson
+
+from hotseat_common.keys import Keys
+from hotseat_pool_controller.decisions.placement import CopyState, GroupSnapshot
+from hotseat_pool_controller.store.link import LuaScript, RedisLink
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+READ = LuaScript(
+    _NOW
+    + """
+-- KEYS: copies, leases, waiting, claims, version, session (or a dummy)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+local session = false
+if ARGV[1] == '1' then session = redis.call('GET', KEYS[6]) end
+return {now, redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1),
+        redis.call('ZRANGE', KEYS[3], 0, -1), redis.call('HGETALL', KEYS[4]),
+        redis.call('GET', KEYS[5]) or '0', session}
+"""
+)
+
+CLAIM = LuaScript(
+    _NOW
+    + """
+-- KEYS: version, claims. ARGV: the version read, pool, how long the claim lasts (ms)
+if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[1] then return 0 end
+redis.call('INCR', KEYS[1])
+redis.call('HSET', KEYS[2], ARGV[2], now + tonumber(ARGV[3]))
+return 1
+"""
+)
+
+RECORD = LuaScript(
+    _NOW
+    + """
+-- KEYS: leases, waiting, session (or a dummy). ARGV: pool, attempt, lease id ('' while
+-- held), ms the lease or the hold lasts, session TTL ms (0: no session)
+local waiter = ARGV[1] .. ' ' .. ARGV[2]
+if ARGV[3] ~= '' then
+  redis.call('ZREM', KEYS[2], waiter)
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[1] .. ' ' .. ARGV[3])
+  if tonumber(ARGV[5]) > 0 then redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[5]) end
+else
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), waiter)
+end
+return 1
+"""
+)
+
+TOUCH = LuaScript(
+    _NOW
+    + """
+-- KEYS: leases. ARGV: pool, lease id, ms the lease lasts ('' : the lease ends)
+local entry = ARGV[1] .. ' ' .. ARGV[2]
+if ARGV[3] == '' then return redis.call('ZREM', KEYS[1], entry) end
+return redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[3]), entry)
+"""
+)
+
+
+def _copy_json(state: CopyState) -> bytes:
+    return orjson.dumps({
+        "r": state.resident,
+        "l": state.loading,
+        "p": state.placeable,
+        "c": state.cost_s,
+        "u": state.unused_ms,
+        "w": state.wait_s,
+        "f": state.failed,
+        "t": state.at_ms,
+    })  # fmt: skip
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _copy_of(raw: bytes | str) -> CopyState:
+    d = orjson.loads(raw)
+    return CopyState(
+        resident=bool(d["r"]),
+        loading=bool(d["l"]),
+        placeable=bool(d["p"]),
+        cost_s=int(d["c"]),
+        unused_ms=int(d["u"]),
+        wait_s=float(d["w"]),
+        failed=bool(d["f"]),
+        at_ms=int(d["t"]),
+    )
+
+
+def _pairs(flat: list[bytes | str]) -> list[tuple[str, bytes | str]]:
+    return [(_text(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+def _per_pool(entries: list[bytes | str]) -> dict[str, int]:
+    """``<pool> <id>`` entries counted per pool."""
+    return dict(Counter(_text(e).split(" ", 1)[0] for e in entries))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStore:
+    link: RedisLink
+    keys: Keys
+    group: str
+
+    def _session_key(self, session: str | None) -> str:
+        # Client text never becomes a key as such: hashed, it is bounded and safe.
+        digest = hashlib.sha256((session or "").encode()).hexdigest()[:32]
+        return self.keys.group_session(self.group, digest)
+
+    async def read(self, session: str | None = None) -> GroupSnapshot:
+        k, g = self.keys, self.group
+        now, copies, leases, waiting, claims, version, pool = await self.link.script(
+            READ,
+            keys=[
+                k.group_copies(g),
+                k.group_leases(g),
+                k.group_waiting(g),
+                k.group_claims(g),
+                k.group_version(g),
+                self._session_key(session),
+            ],
+            args=["1" if session else "0"],
+        )
+        return GroupSnapshot(
+            now_ms=int(now),
+            copies={p: _copy_of(raw) for p, raw in _pairs(copies)},
+            leases=_per_pool(leases),
+            waiting=_per_pool(waiting),
+            claims={p: int(raw) for p, raw in _pairs(claims)},
+            session_pool=_text(pool) if pool else None,
+            version=int(version),
+        )
+
+    async def claim(self, pool: str, version: int, ttl_ms: int) -> bool:
+        """Start a copy on ``pool`` if no other placement claimed since ``version``."""
+        k, g = self.keys, self.group
+        done = await self.link.script(
+            CLAIM, keys=[k.group_version(g), k.group_claims(g)], args=[version, pool, ttl_ms]
+        )
+        return bool(done)
+
+    async def record(
+        self,
+        pool: str,
+        attempt: str,
+        *,
+        lease_id: str | None,
+        ttl_ms: int,
+        session: str | None,
+        session_ttl_ms: int,
+    ) -> None:
+        """A grant (the lease counted, the session remembered) or a hold (the waiter
+        counted until ``ttl_ms``)."""
+        k, g = self.keys, self.group
+        await self.link.script(
+            RECORD,
+            keys=[k.group_leases(g), k.group_waiting(g), self._session_key(session)],
+            args=[pool, attempt, lease_id or "", ttl_ms, session_ttl_ms if session else 0],
+        )
+
+    async def touch(self, pool: str, lease_id: str, ttl_ms: int | None) -> None:
+        """A renewal (``ttl_ms``) or a release (``None``) of a lease placed by the group."""
+        await self.link.script(
+            TOUCH,
+            keys=[self.keys.group_leases(self.group)],
+            args=[pool, lease_id, "" if ttl_ms is None else ttl_ms],
+        )
+
+    async def forget_waiter(self, pool: str, attempt: str) -> None:
+        await self.link.execute("ZREM", self.keys.group_waiting(self.group), f"{pool} {attempt}")
+
+    async def write_copy(self, pool: str, state: CopyState) -> None:
+        await self.link.execute("HSET", self.keys.group_copies(self.group), pool, _copy_json(state))

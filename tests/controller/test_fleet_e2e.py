@@ -1,0 +1,291 @@
+"""Fleet placement end to end (docs/adr/0012): real sims, controllers and routers on real
+NATS and Redis, four one-resident pools gpu0..gpu3 that can each hold the group's model
+``assistant`` or their own ``other``. Every test ends with each GPU's ledger verdict:
+never two residents, nothing cut, nothing served by a member that was not ready."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+
+from hotseat.launcher import free_port
+from hotseat_sim.timeline import LedgerEvent
+from tests.controller.test_capacity_e2e import chat
+from tests.support.stack import Stack
+from tests.support.waiting import eventually
+
+Make = Callable[[dict[str, Any]], Stack]
+
+POOLS = ("gpu0", "gpu1", "gpu2", "gpu3")
+SIM = {"loadSeconds": 0.3, "unloadSeconds": 0.1, "tokensPerSecond": 20, "slots": 8}
+
+
+def fleet_config(
+    *,
+    defaults: Mapping[str, str],
+    other_load_s: Mapping[str, float] | None = None,
+    assistant_load_s: float = 0.3,
+    slots: int = 4,
+    max_copies: int = 1,
+) -> dict[str, Any]:
+    """Four pools, each with ``assistant`` and ``other`` (its default from ``defaults``);
+    the group ``assistant`` over the four ``gpuN-assistant`` backends; rules: ``assistant``
+    (Wait), ``assistant-ifidle`` (IfIdle, then gpu0's ``other``), ``other-N`` (gpuN's
+    ``other``)."""
+    backends = [
+        {
+            "name": f"{pool}-{member}",
+            "address": f"http://127.0.0.1:{free_port()}",
+            "pool": {"name": pool, "member": member},
+        }
+        for pool in POOLS
+        for member in ("assistant", "other")
+    ]
+    loads = other_load_s or {}
+    pools = [
+        {
+            "name": pool,
+            "swapBudget": "30s",
+            "leaseTtl": "3s",
+            "driver": {"kind": "sim"},
+            **({"default": defaults[pool]} if pool in defaults else {}),
+            "members": [
+                {"name": "assistant", "sim": {**SIM, "loadSeconds": assistant_load_s}},
+                {"name": "other", "sim": {**SIM, "loadSeconds": loads.get(pool, 0.3)}},
+            ],
+        }
+        for pool in POOLS
+    ]
+
+    def rule(name: str, backends: list[str], activation: str = "Wait") -> dict[str, Any]:
+        route = {"backends": backends, "poolActivation": activation}
+        return {"name": name, "match": {"models": [name]}, "route": route}
+
+    rules = [
+        rule("assistant", ["assistant"]),
+        rule("assistant-ifidle", ["assistant", "gpu0-other"], "IfIdle"),
+        *(rule(f"other-{p}", [f"{p}-other"]) for p in POOLS),
+    ]
+    return {
+        "router": {"name": "r", "requestTimeout": "60s"},
+        "backends": backends,
+        "pools": pools,
+        "modelGroups": [
+            {
+                "name": "assistant",
+                "maxCopies": max_copies,
+                "members": [{"backend": f"{p}-assistant", "slots": slots} for p in POOLS],
+            }
+        ],
+        "rules": rules,
+    }
+
+
+def started(stack: Stack, routers: int = 1) -> Stack:
+    stack.start_sims()
+    stack.start_controller("c1")
+    for _ in range(routers):
+        stack.start_router()
+    return stack
+
+
+def placed(response: httpx.Response) -> tuple[str, str]:
+    """(pool, reason) from ``x-hotseat-placement: gpu2; reason=...``."""
+    pool, reason = response.headers["x-hotseat-placement"].split("; reason=")
+    return pool, reason
+
+
+async def settle(stack: Stack, residents: Mapping[str, str | None]) -> None:
+    for pool, member in residents.items():
+        await stack.wait_resident(member, pool=pool, timeout=30)
+
+
+async def serving(stack: Stack, count: int) -> None:
+    """Until ``count`` requests in all have started serving on the four GPUs."""
+
+    async def started_serving() -> bool:
+        total = 0
+        for pool in POOLS:
+            ledger = await stack.ledger(pool)
+            total += sum(1 for e in ledger if e.event is LedgerEvent.SERVE_START)
+        return total >= count
+
+    await eventually(started_serving, timeout=30)
+
+
+async def swaps_to(stack: Stack, member: str) -> list[dict[str, Any]]:
+    """The swaps demand started to ``member`` (a pool warming its default is not one)."""
+    events = await stack.settled_audit()
+    return [
+        e
+        for e in events
+        if e["outcome"] == "swap_started"
+        and e.get("to_member") == member
+        and e.get("reason") != "warm_default"
+    ]
+
+
+async def judged(stack: Stack) -> None:
+    for pool in POOLS:
+        await stack.judged_ledger(pool)
+
+
+async def test_requests_spread_over_the_warm_copies(make_stack: Make) -> None:
+    """assistant is warm on gpu0 and gpu1: overlapping requests alternate between them
+    (fewest live leases first), and no cold pool loads it."""
+    defaults = {"gpu0": "assistant", "gpu1": "assistant", "gpu2": "other", "gpu3": "other"}
+    stack = started(make_stack(fleet_config(defaults=defaults)))
+    await settle(stack, defaults)
+    url = stack.routers[0].url
+    tasks = []
+    for k in range(4):
+        tasks.append(asyncio.create_task(chat(url, "assistant", max_tokens=80)))
+        await serving(stack, k + 1)  # each placement sees the leases of the ones before
+    responses = await asyncio.gather(*tasks)
+    assert [r.status_code for r in responses] == [200] * 4
+    assert [placed(r) for r in responses] == [
+        ("gpu0", "resident_least_busy"),
+        ("gpu1", "resident_least_busy"),
+        ("gpu0", "resident_least_busy"),
+        ("gpu1", "resident_least_busy"),
+    ]
+    assert [r.headers["x-hotseat-backend"] for r in responses][:2] == [
+        "gpu0-assistant",
+        "gpu1-assistant",
+    ]
+    assert not await swaps_to(stack, "assistant")
+    served = [
+        e
+        for e in await stack.settled_audit()
+        if e["kind"] == "request" and e["rule"] == "assistant"
+    ]
+    assert Counter((e["pool"], e.get("placement")) for e in served) == {
+        ("gpu0", "resident_least_busy"): 2,
+        ("gpu1", "resident_least_busy"): 2,
+    }
+    await judged(stack)
+
+
+async def test_a_cold_model_loads_where_eviction_is_cheapest(make_stack: Make) -> None:
+    """Every pool holds its own idle ``other``, each with a different measured load time:
+    the cold assistant loads on the pool whose ``other`` reloads fastest (gpu2), not on
+    the first pool."""
+    defaults = dict.fromkeys(POOLS, "other")
+    loads = {"gpu0": 2.5, "gpu1": 1.5, "gpu2": 0.2, "gpu3": 3.5}
+    stack = started(make_stack(fleet_config(defaults=defaults, other_load_s=loads)))
+    await settle(stack, defaults)
+    response = await chat(stack.routers[0].url, "assistant")
+    assert response.status_code == 200
+    assert placed(response) == ("gpu2", "cold_cheapest_eviction")
+    [swap] = await swaps_to(stack, "assistant")
+    assert (swap["pool"], swap["from_member"]) == ("gpu2", "other")
+    await judged(stack)
+
+
+async def test_fifty_requests_from_three_routers_start_one_swap(make_stack: Make) -> None:
+    """50 concurrent requests for the cold assistant, from three routers, are all served
+    by one copy: exactly one swap in the fleet (single flight)."""
+    defaults = dict.fromkeys(POOLS, "other")
+    stack = started(make_stack(fleet_config(defaults=defaults, assistant_load_s=1.5)), routers=3)
+    await settle(stack, defaults)
+    urls = [r.url for r in stack.routers]
+    responses = await asyncio.gather(*(chat(urls[i % 3], "assistant") for i in range(50)))
+    assert [r.status_code for r in responses] == [200] * 50, [r.text for r in responses][:3]
+    pools = {placed(r)[0] for r in responses}
+    assert len(pools) == 1, pools
+    swaps = await swaps_to(stack, "assistant")
+    assert [s["pool"] for s in swaps] == list(pools)
+    await judged(stack)
+
+
+async def test_demand_above_one_copys_slots_starts_a_second_copy(make_stack: Make) -> None:
+    """slots 2, maxCopies 2, a 4 s load: the first two cold requests wait on one loading
+    copy; the third finds it full and starts a second copy on another pool."""
+    defaults = dict.fromkeys(POOLS, "other")
+    config = fleet_config(defaults=defaults, slots=2, max_copies=2, assistant_load_s=4.0)
+    stack = started(make_stack(config))
+    await settle(stack, defaults)
+    url = stack.routers[0].url
+    tasks = []
+    for k in range(3):
+        tasks.append(asyncio.create_task(chat(url, "assistant")))
+        await _held(stack, k + 1)
+    responses = await asyncio.gather(*tasks)
+    assert [r.status_code for r in responses] == [200] * 3
+    first, second, third = (placed(r) for r in responses)
+    assert first[1] == "cold_cheapest_eviction"
+    assert second == (first[0], "joins_loading_copy")
+    assert third[1] == "second_copy"
+    assert third[0] != first[0]
+    swaps = await swaps_to(stack, "assistant")
+    assert sorted(s["pool"] for s in swaps) == sorted([first[0], third[0]])
+    await judged(stack)
+
+
+async def _held(stack: Stack, count: int) -> None:
+    """Until ``count`` requests are held for assistant across the pools."""
+
+    async def held() -> bool:
+        total = 0
+        for pool in POOLS:
+            total += len(await stack.waiter_deadlines("assistant", pool=pool))
+        return total >= count
+
+    await eventually(held, timeout=20)
+
+
+async def test_if_idle_falls_through_only_when_every_pool_is_busy(make_stack: Make) -> None:
+    """IfIdle: with one pool's ``other`` idle the group loads assistant there; once all
+    four pools serve their ``other`` it falls through to the rule's next backend (gpu0's
+    other), audited as a busy skip of the group."""
+    defaults = dict.fromkeys(POOLS, "other")
+    stack = started(make_stack(fleet_config(defaults=defaults)))
+    await settle(stack, defaults)
+    url = stack.routers[0].url
+    busy = [asyncio.create_task(chat(url, f"other-{p}", max_tokens=160)) for p in POOLS[:3]]
+    await serving(stack, 3)
+    one_idle = await chat(url, "assistant-ifidle")
+    assert one_idle.status_code == 200
+    assert placed(one_idle) == ("gpu3", "cold_cheapest_eviction")
+    assert one_idle.headers["x-hotseat-backend"] == "gpu3-assistant"
+    busy.append(asyncio.create_task(chat(url, "other-gpu3", max_tokens=160)))
+    await serving(stack, 5)  # gpu3 swapped back to its other, which serves now
+    every_busy = await chat(url, "assistant-ifidle")
+    assert every_busy.status_code == 200
+    assert every_busy.headers["x-hotseat-backend"] == "gpu0-other"
+    assert "x-hotseat-placement" not in every_busy.headers
+    assert [r.status_code for r in await asyncio.gather(*busy)] == [200] * 4
+    skips = [
+        e
+        for e in await stack.settled_audit()
+        if e["outcome"] == "busy_skip" and e.get("backend") == "assistant"
+    ]
+    assert len(skips) == 1
+    await judged(stack)
+
+
+async def test_a_lost_pool_stops_receiving_placements(make_stack: Make) -> None:
+    """assistant warm on gpu0 and gpu1; gpu1's node goes (its sim killed mid-flight):
+    once its pool knows, every request goes to gpu0, none to gpu1."""
+    defaults = {"gpu0": "assistant", "gpu1": "assistant", "gpu2": "other", "gpu3": "other"}
+    stack = started(make_stack(fleet_config(defaults=defaults, max_copies=2)))
+    await settle(stack, defaults)
+    url = stack.routers[0].url
+    before = await asyncio.gather(*(chat(url, "assistant") for _ in range(4)))
+    assert [r.status_code for r in before] == [200] * 4
+    stack.sims["gpu1-assistant"].stop(5)
+
+    async def gpu1_lost() -> bool:
+        return (await stack.pool("gpu1"))["resident"] is None
+
+    await eventually(gpu1_lost, timeout=30)
+    after = []
+    for _ in range(6):
+        response = await chat(url, "assistant")
+        assert response.status_code == 200
+        after.append(placed(response)[0])
+    assert set(after) == {"gpu0"}
