@@ -19,6 +19,7 @@ import yaml
 
 from hotseat.launcher import free_port, start_service
 from hotseat_common.keys import Keys
+from tests.support.clients import StreamResult, live_stream
 from tests.support.stack import Stack, pool_stack_config
 from tests.support.waiting import eventually
 
@@ -244,6 +245,10 @@ async def _leased(stack: Stack, member: str) -> bool:
     return (await stack.pool())["leases"].get(member, 0) > 0
 
 
+async def _waiting(stack: Stack, member: str) -> bool:
+    return (await stack.pool())["waiters"].get(member, 0) > 0
+
+
 async def test_a_request_that_cannot_be_served_in_time_is_answered_at_once(
     make_stack: Make,
 ) -> None:
@@ -312,6 +317,11 @@ async def test_an_idle_resident_without_a_default_is_unloaded(make_stack: Make) 
     await stack.assert_invariants()
 
 
+JUDGE_UNTIL_CANCELLED = 1200
+"""max_tokens of a judge stream that outlasts any test (a minute at 20 tokens/s): the
+test ends it by cancelling its client."""
+
+
 def keep_alive_config() -> dict[str, Any]:
     """Rule coder-ka: coder only, Wait, holdKeepAlive 0.2s; the pool's budget is 4s."""
     config = pool_stack_config(pool={"swapBudget": "4s"})
@@ -326,9 +336,18 @@ def keep_alive_config() -> dict[str, Any]:
     return config
 
 
-async def held_stream_lines(url: str, busy: asyncio.Task[httpx.Response]) -> list[str]:
-    """A raw streaming request for coder-ka: its headers must arrive while ``busy`` (the
-    incumbent's request) still runs; returns every line of its body."""
+WAITING_FOR_CODER = ": hotseat waiting for coder, position 1"
+
+
+async def held_stream_lines(
+    url: str, busy: asyncio.Task[StreamResult], *, end_busy_after: int | None = None
+) -> list[str]:
+    """A raw streaming request for coder-ka held behind ``busy`` (a judge stream that runs
+    until it is cancelled): its headers must arrive while ``busy`` runs. With
+    ``end_busy_after``, ``busy`` is cancelled once that many waiting comments were read
+    (the swap to coder goes on then), so every one of them came while held. Returns every
+    line of its body."""
+    lines: list[str] = []
     async with (
         httpx.AsyncClient(timeout=60) as client,
         client.stream(
@@ -340,23 +359,30 @@ async def held_stream_lines(url: str, busy: asyncio.Task[httpx.Response]) -> lis
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         assert not busy.done(), "headers came after the hold: nothing was sent early"
-        return [line async for line in response.aiter_lines() if line]
+        async for line in response.aiter_lines():
+            if not line:
+                continue
+            lines.append(line)
+            waited = sum(seen.startswith(WAITING_FOR_CODER) for seen in lines)
+            if waited == end_busy_after:
+                busy.cancel()  # judge's client leaves: its lease ends, coder is loaded
+    return lines
 
 
 async def test_a_held_stream_gets_headers_and_keep_alive_comments(make_stack: Make) -> None:
     """holdKeepAlive: a streaming request held behind judge gets its 200 and SSE comments
     (place and estimate) while held, then a comment naming coder and coder's stream; the
     OpenAI SDK reads the same content as unheld; held past its budget, the stream ends
-    with the OpenAI error event of pool_activation_timeout."""
+    with the OpenAI error event of pool_activation_timeout. judge stays busy until the
+    test ends its stream, so each step is ordered by what the clients read, not by how
+    long judge's request takes."""
     stack = started(make_stack(keep_alive_config()))
     url = stack.routers[0].url
     await stack.wait_resident("judge")
-    busy = asyncio.create_task(chat(url, "judge", max_tokens=16))  # 0.8 s
-    await eventually(lambda: _leased(stack, "judge"))
-    lines = await held_stream_lines(url, busy)
-    assert (await busy).status_code == 200
+    async with live_stream(url, "judge", JUDGE_UNTIL_CANCELLED) as busy:
+        lines = await held_stream_lines(url, busy, end_busy_after=2)
     comments = [line for line in lines if line.startswith(":")]
-    waiting = [c for c in comments if c.startswith(": hotseat waiting for coder, position 1")]
+    waiting = [c for c in comments if c.startswith(WAITING_FOR_CODER)]
     assert len(waiting) >= 2, lines
     assert comments[-1] == ": hotseat backend coder", lines
     data = [line for line in lines if line.startswith("data: ")]
@@ -366,31 +392,33 @@ async def test_a_held_stream_gets_headers_and_keep_alive_comments(make_stack: Ma
     # The SDK through the same held path reads exactly what an unheld request gets.
     assert (await chat(url, "judge")).status_code == 200
     await stack.wait_resident("judge")
-    busy = asyncio.create_task(chat(url, "judge", max_tokens=16))
-    await eventually(lambda: _leased(stack, "judge"))
-    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0) as sdk:
-        held = await sdk.chat.completions.create(
-            model="coder-ka", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
-            stream=True,
-        )  # fmt: skip
-        held_text = "".join([c.choices[0].delta.content or "" async for c in held if c.choices])
-        assert not busy.done() or (await busy).status_code == 200
-        direct = await sdk.chat.completions.create(
-            model="coder-ka", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
-            stream=True,
-        )  # fmt: skip
-        direct_text = "".join([c.choices[0].delta.content or "" async for c in direct if c.choices])
+    async with (
+        openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0) as sdk,
+        live_stream(url, "judge", JUDGE_UNTIL_CANCELLED) as busy,
+    ):
+
+        async def read(model: str) -> str:
+            stream = await sdk.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+                stream=True,
+            )  # fmt: skip
+            return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+        held = asyncio.create_task(read("coder-ka"))
+        await eventually(lambda: _waiting(stack, "coder"))
+        busy.cancel()
+        held_text = await held
+        direct_text = await read("coder-ka")
     assert held_text == direct_text != ""
 
-    # Held past the pool's 4 s budget (judge busy 10 s): the 200 stream ends with an error.
+    # Held past the pool's 4 s budget (judge busy until the test ends it): the 200 stream
+    # ends with an error.
     assert (await chat(url, "judge")).status_code == 200
     await stack.wait_resident("judge")
-    busy = asyncio.create_task(chat(url, "judge", max_tokens=200))  # 10 s
-    await eventually(lambda: _leased(stack, "judge"))
-    lines = await held_stream_lines(url, busy)
+    async with live_stream(url, "judge", JUDGE_UNTIL_CANCELLED) as busy:
+        lines = await held_stream_lines(url, busy)
+        assert not busy.done()
     last = json.loads(lines[-1].removeprefix("data: "))
     assert last["error"]["code"] == "pool_activation_timeout", lines
     assert any(line.startswith(": hotseat waiting for coder") for line in lines)
-    busy.cancel()
-    await asyncio.gather(busy, return_exceptions=True)
     await stack.assert_invariants()
