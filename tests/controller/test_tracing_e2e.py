@@ -100,6 +100,7 @@ async def test_a_swap_is_one_trace_from_router_to_driver(make_stack: Make) -> No
         assert driven.attributes[spans.SWAP_ID] == swap_id
     assert {s.name for s in resident} == {spans.REQUEST_SPAN, spans.ACQUIRE_SPAN}
     assert all(spans.SWAP_ID not in s.attributes for s in resident)
+    await stack.assert_invariants()
 
 
 async def _resolved(receiver: OtlpReceiver, request_id: str) -> list[ReceivedSpan] | None:

@@ -9,6 +9,8 @@ from pathlib import Path
 from hotseat.launcher import Managed
 from hotseat.up import _stop_tier
 
+# Child programs that only wait to be stopped: their sleep is the whole of their life,
+# and what the test waits for is their "ready" line and their exit.
 IGNORES_SIGTERM = (
     "import signal, sys, time\n"
     "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
