@@ -371,11 +371,11 @@ async def held_stream_lines(
 
 async def test_a_held_stream_gets_headers_and_keep_alive_comments(make_stack: Make) -> None:
     """holdKeepAlive: a streaming request held behind judge gets its 200 and SSE comments
-    (place and estimate) while held, then a comment naming coder and coder's stream; the
-    OpenAI SDK reads the same content as unheld; held past its budget, the stream ends
-    with the OpenAI error event of pool_activation_timeout. judge stays busy until the
-    test ends its stream, so each step is ordered by what the clients read, not by how
-    long judge's request takes."""
+    (place and estimate) while held, then comments naming coder and the swap it waited
+    for, and coder's stream; the OpenAI SDK reads the same content as unheld; held past
+    its budget, the stream ends with the OpenAI error event of pool_activation_timeout.
+    judge stays busy until the test ends its stream, so each step is ordered by what the
+    clients read, not by how long judge's request takes."""
     stack = started(make_stack(keep_alive_config()))
     url = stack.routers[0].url
     await stack.wait_resident("judge")
@@ -384,7 +384,8 @@ async def test_a_held_stream_gets_headers_and_keep_alive_comments(make_stack: Ma
     comments = [line for line in lines if line.startswith(":")]
     waiting = [c for c in comments if c.startswith(WAITING_FOR_CODER)]
     assert len(waiting) >= 2, lines
-    assert comments[-1] == ": hotseat backend coder", lines
+    assert comments[-2] == ": hotseat backend coder", lines
+    assert comments[-1].startswith(": hotseat swap gpu0-"), lines  # the swap it waited for
     data = [line for line in lines if line.startswith("data: ")]
     assert data[-1] == "data: [DONE]"
     assert lines.index(comments[-1]) < lines.index(data[0])

@@ -26,9 +26,10 @@ async def _swap_in_flight(stack: Stack) -> dict[str, Any] | None:
 
 async def test_the_cause_and_the_waiters_of_a_swap_carry_its_id(make_stack: Make) -> None:
     """A request for coder starts the swap (its ``swap_started`` names it), two more wait
-    through it; all three request events, and the swap's started and completed events,
-    carry the id the pool view showed during the swap, with the unloading and loading
-    times; a later request served by the resident carries none. ``GET /v1/swaps/{id}``
+    through it; all three responses (``x-hotseat-swap-id``) and request events, and the
+    swap's started and completed events, carry the id the pool view showed during the
+    swap, with the unloading and loading times; a later request served by the resident
+    carries none. ``GET /v1/swaps/{id}``
     of the audit service tells the same story."""
     stack = started(make_stack(pool_stack_config(coder={"loadSeconds": 2})))
     audit = start_service(
@@ -52,8 +53,10 @@ async def test_the_cause_and_the_waiters_of_a_swap_carry_its_id(make_stack: Make
         ]
         responses = await asyncio.gather(cause, *waiters)
         assert [r.status_code for r in responses] == [200, 200, 200]
+        assert [r.headers.get("x-hotseat-swap-id") for r in responses] == [swap_id] * 3
         after = await chat(url, "coder", **{"x-hotseat-request-id": "after-1"})
         assert after.status_code == 200
+        assert "x-hotseat-swap-id" not in after.headers
         assert (await stack.pool())["swap_id"] is None
 
         events = await stack.settled_audit()

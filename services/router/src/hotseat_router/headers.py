@@ -17,10 +17,14 @@ REQUEST_ID = "x-hotseat-request-id"
 BACKEND = "x-hotseat-backend"
 HOLD_MS = "x-hotseat-hold-ms"
 """On a pooled backend's response: how long the request was held for its lease (ms)."""
+SWAP_ID = "x-hotseat-swap-id"
+"""On a pooled backend's response: the swap the request caused or waited for (ADR 0010),
+absent when none was in its way."""
 REQUEST_ID_B = REQUEST_ID.encode()
 BACKEND_B = BACKEND.encode()
 HOLD_MS_B = HOLD_MS.encode()
 PLACEMENT_B = PLACEMENT.encode()
+SWAP_ID_B = SWAP_ID.encode()
 
 HOP_BY_HOP = frozenset(
     {
@@ -50,6 +54,7 @@ _NOT_RETURNED = HOP_BY_HOP | {
     BACKEND_B,
     HOLD_MS_B,
     PLACEMENT_B,
+    SWAP_ID_B,
 }
 """``date`` and ``server`` are the router's own (the server adds them)."""
 
@@ -101,10 +106,12 @@ def client_response_headers(
     request_id: bytes,
     hold_ms: int | None = None,
     placement: str | None = None,
+    swap_id: str | None = None,
 ) -> list[tuple[bytes, bytes]]:
     """What the client receives: the upstream's end-to-end headers and ours (``hold_ms``
     for a pooled backend: how long the request waited for its lease; ``placement`` for a
-    model group's request: where it was placed and why)."""
+    model group's request: where it was placed and why; ``swap_id``: the swap it caused
+    or waited for)."""
     lowered = [(name.lower(), value) for name, value in upstream_headers]
     listed = _connection_listed(lowered)
     out = [
@@ -116,4 +123,6 @@ def client_response_headers(
         out.append((HOLD_MS_B, str(hold_ms).encode()))
     if placement is not None:
         out.append((PLACEMENT_B, placement.encode()))
+    if swap_id is not None:
+        out.append((SWAP_ID_B, swap_id.encode()))
     return out

@@ -8,7 +8,8 @@ one that reads the raw stream sees where it stands. The price is that the status
 sent before the outcome is known: an answer that fails afterwards (the hold timed out,
 every backend failed) ends the stream with an OpenAI error event, as a failure in the
 middle of a stream always does, and the backend that serves it is named by a last
-comment (``: hotseat backend coder``), since its header could not be.
+comment (``: hotseat backend coder``), since its header could not be, and so is the swap it
+waited for (``: hotseat swap gpu0-1796…``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ class HeldStream:
         self.started = True
         headers = [*_HEADERS, (REQUEST_ID_B, self._request_id)]
         await self._send({"type": "http.response.start", "status": 200, "headers": headers})
+
+    async def served_by(self, backend: str, *, swap_id: str | None) -> None:
+        """What the headers would have said: the backend that serves, the swap waited for."""
+        await self.comment(f"hotseat backend {backend}")
+        if swap_id is not None:
+            await self.comment(f"hotseat swap {swap_id}")
 
     async def comment(self, text: str) -> None:
         line = b": " + text.replace("\n", " ").encode() + b"\n\n"

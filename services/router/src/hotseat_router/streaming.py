@@ -108,12 +108,13 @@ class Relay:
         held = ctx.held_stream
         meter = UsageMeter() if response.status < HTTPStatus.BAD_REQUEST else None
         if held is not None and held.started:
-            # The headers went while the request was held: name the backend in a comment;
-            # a body that is not a stream (an error) becomes the stream's last event.
-            await held.comment(f"hotseat backend {dispatched.backend.name}")
+            # The headers went while the request was held: name the backend (and the swap)
+            # in comments; a body that is not a stream (an error) becomes the last event.
+            await held.served_by(dispatched.backend.name, swap_id=ctx.swap_id)
             if response.status >= HTTPStatus.BAD_REQUEST or response.content_type != SSE:
                 return await self._as_last_event(ctx, response, held)
         else:
+            pooled = dispatched.backend.pool is not None
             await send(
                 {
                     "type": "http.response.start",
@@ -122,7 +123,8 @@ class Relay:
                         response.headers,
                         backend=dispatched.backend.name.encode(),
                         request_id=ctx.request_id.encode(),
-                        hold_ms=ctx.hold_ms() if dispatched.backend.pool is not None else None,
+                        hold_ms=ctx.hold_ms() if pooled else None,
+                        swap_id=ctx.swap_id if pooled else None,
                         placement=ctx.placement_header(),
                     ),
                 }
