@@ -25,7 +25,12 @@ from hotseat_pool_controller.decisions.capacity import (
     free_gib,
     make_plan,
 )
-from hotseat_pool_controller.decisions.swap import decide_begin_load, decide_commit, decide_fail
+from hotseat_pool_controller.decisions.swap import (
+    decide_begin_load,
+    decide_commit,
+    decide_fail,
+    decide_unloads_refused,
+)
 from hotseat_pool_controller.decisions.tick import decide_tick
 from hotseat_pool_controller.model import (
     AcquireAsk,
@@ -285,3 +290,81 @@ def test_admin_swap_refuses_when_only_busy_members_could_make_room() -> None:
     d = decide_admin_swap(s, "coder", ME, POLICY)
     assert isinstance(d.reply, ErrorReply)
     assert d.reply.code == "incumbent_busy"
+
+
+SLOTS = replace(POLICY, busy_signal=BusySignal.LEASES_AND_SLOTS)
+
+
+def test_under_leases_and_slots_a_plan_reads_each_member_it_evicts_first() -> None:
+    """Under leasesAndSlots the members a plan would evict have their /slots read before
+    it starts: one read busy (traffic that bypassed the router, no lease) is not evicted
+    and the next idle one goes in its place; none left: Wait drains, IfIdle is skipped."""
+    s = snap(
+        residents=frozenset({"embedder", "reranker"}),
+        used={"embedder": NOW - 10_000, "reranker": NOW - 20_000},
+    )
+    need = decide_acquire(s, ask("coder"), SLOTS, ME)
+    assert need.need_idle_check == ("reranker",)
+    assert need.ops == ()
+    assert need.swap is None
+    idle = decide_acquire(s, ask("coder"), SLOTS, ME, slots_busy={"reranker": False})
+    assert idle.swap is not None
+    assert idle.swap.evicts == ("reranker",)
+    busy = {"reranker": True}
+    need = decide_acquire(s, ask("coder"), SLOTS, ME, slots_busy=busy)
+    assert need.need_idle_check == ("embedder",)
+    other = decide_acquire(s, ask("coder"), SLOTS, ME, slots_busy={**busy, "embedder": False})
+    assert other.swap is not None
+    assert other.swap.evicts == ("embedder",)
+    for unanswered in (True, None):  # a read that does not answer counts as busy
+        every = {"reranker": True, "embedder": unanswered}
+        held = decide_acquire(s, ask("coder"), SLOTS, ME, slots_busy=every)
+        assert isinstance(held.reply, WaitReply)
+        assert held.reply.reason == WaitReason.DRAINING
+        assert held.swap is None
+        skipped = decide_acquire(s, ask("coder", IF_IDLE), SLOTS, ME, slots_busy=every)
+        assert isinstance(skipped.reply, IncumbentBusyReply)
+    # Leases only: no read, the plan starts at once.
+    assert decide_acquire(s, ask("coder"), POLICY, ME).swap is not None
+
+
+def test_under_leases_and_slots_a_member_left_to_unload_is_read_before_any_plan() -> None:
+    """A member a failed plan left loaded is unloaded by the next plan: its /slots are
+    read first; at work, no plan starts (Wait holds); not answering (it failed already),
+    it is unloaded."""
+    s = snap(residents=frozenset({"assistant"}), evicts=("embedder",))
+    need = decide_acquire(s, ask("reranker"), SLOTS, ME)
+    assert need.need_idle_check == ("embedder",)
+    held = decide_acquire(s, ask("reranker"), SLOTS, ME, slots_busy={"embedder": True})
+    assert isinstance(held.reply, WaitReply)
+    assert held.swap is None
+    for read in (False, None):
+        go = decide_acquire(s, ask("reranker"), SLOTS, ME, slots_busy={"embedder": read})
+        assert go.swap is not None
+        assert go.swap.evicts == ("embedder",)
+    tick = decide_tick(replace(s, residents=frozenset()), SLOTS, ME)
+    assert tick.need_idle_check == ("embedder",)
+    later = decide_tick(replace(s, residents=frozenset()), SLOTS, ME, slots_busy={"embedder": True})
+    assert later.swap is None
+
+
+def test_the_swap_ends_unloading_nothing_when_its_own_read_finds_a_member_at_work() -> None:
+    """The runner reads /slots right before its unloads: a member at work is not
+    unloaded; the plan ends (cancelled), its evicts stay counted and its target's waiters
+    keep waiting while the pool drains toward it."""
+    s = snap(
+        phase=Phase.UNLOADING,
+        residents=frozenset({"assistant"}),
+        evicts=("embedder", "reranker"),
+        target="coder",
+        owner=ME,
+        waiters={"coder": 1},
+    )
+    d = decide_unloads_refused(s, SLOTS, 7, ME, ("reranker",))
+    assert d is not None
+    fields = state_of(d)
+    assert fields["phase"] == "draining"
+    assert fields["target"] == "coder"
+    assert fields["evicts"] == "embedder,reranker"
+    assert d.audit[0].outcome == PoolOutcome.SWAP_CANCELLED
+    assert decide_unloads_refused(s, SLOTS, 7, "ctl-2", ("reranker",)) is None  # not ours

@@ -409,3 +409,47 @@ async def test_process_driver_runs_co_resident_members_and_stops_only_the_evicte
     assert (await chat(url, kept)).status_code == 200
     ledger = await stack.judged_ledger()
     assert [e.member for e in ledger if e.event is LedgerEvent.UNLOADED] == [evicted]
+
+
+async def test_under_leases_and_slots_a_member_at_work_without_a_lease_is_not_evicted(
+    make_stack: Make,
+) -> None:
+    """busySignal leasesAndSlots: a streams a request sent straight to its server (no
+    lease: only its /slots show it); big needs one of a and b gone. a, least recently
+    used, would go first by leases alone: its /slots are read busy, b goes instead, and
+    a's request completes. With both at work that way, IfIdle is told busy at once."""
+    stack = started(
+        make_stack(
+            capacity_config(
+                {"a": {"memoryGiB": 6}, "b": {"memoryGiB": 6}, "big": {"memoryGiB": 16}},
+                pool={"busySignal": "leasesAndSlots"},
+            )
+        )
+    )
+    url = stack.routers[0].url
+    for member in ("a", "b"):
+        assert (await chat(url, member)).status_code == 200
+    await wait_residents(stack, {"a", "b"})
+    async with streaming(stack.sims["a"].url, "a", tokens=200) as direct:  # 10 s
+        await serving(stack, "a")
+        assert (await chat(url, "big")).status_code == 200
+        assert not direct.done()
+    assert (await direct).status_code == 200
+    await wait_residents(stack, {"a", "big"})
+    ledger = await stack.judged_ledger()
+    assert [e.member for e in ledger if e.event is LedgerEvent.UNLOAD_START] == ["b"]
+    await stack.wait_slots_idle("a")
+    assert (await chat(url, "a")).status_code == 200
+    assert (await chat(url, "b")).status_code == 200  # evicts big, used less recently
+    await wait_residents(stack, {"a", "b"})
+    async with (
+        streaming(stack.sims["a"].url, "a", tokens=200) as on_a,
+        streaming(stack.sims["b"].url, "b", tokens=200) as on_b,
+    ):
+        await serving(stack, "a")
+        await serving(stack, "b")
+        skipped = await chat(url, "big-ifidle")
+        assert skipped.status_code == 503, skipped.text
+        assert skipped.json()["error"]["code"] == "pool_incumbent_busy"
+    assert [(await on_a).status_code, (await on_b).status_code] == [200, 200]
+    await stack.judged_ledger()

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hotseat_common.config.model import BusySignal
+from hotseat_pool_controller.decisions.busy import all_idle
 from hotseat_pool_controller.decisions.tick import decide_tick, quiet_for_ms
 from hotseat_pool_controller.model import NOTHING, Phase, PoolPolicy, PoolSnapshot
 
@@ -98,11 +99,12 @@ def test_quiet_means_the_tick_would_decide_nothing_until_then(
     if quiet is None:
         return
     assert decide_tick(state, policy, ME) is NOTHING
-    assert decide_tick(state, policy, ME, slots_busy=False) is NOTHING
-    assert decide_tick(state, policy, ME, slots_busy=True) is NOTHING
+    assert decide_tick(state, policy, ME, slots_busy=all_idle(policy)) is NOTHING
+    all_busy = dict.fromkeys(policy.members, True)
+    assert decide_tick(state, policy, ME, slots_busy=all_busy) is NOTHING
     if quiet > 1:
         # Just before the moment it named (or much later, when it named none), a tick
         # still has nothing to do.
         step = 3_600_000 if math.isinf(quiet) else int(quiet) - 1
         later = replace(state, now_ms=state.now_ms + step)
-        assert decide_tick(later, policy, ME, slots_busy=False) is NOTHING
+        assert decide_tick(later, policy, ME, slots_busy=all_idle(policy)) is NOTHING

@@ -18,7 +18,7 @@ from hotseat_common.messages import (
     WaitReply,
 )
 from hotseat_pool_controller.decisions.acquire import decide_acquire
-from hotseat_pool_controller.decisions.busy import incumbent_busy
+from hotseat_pool_controller.decisions.busy import NOT_READ, incumbent_busy
 from hotseat_pool_controller.decisions.schedule import eta_s, min_residency_ms, ranked
 from hotseat_pool_controller.decisions.swap import decide_commit
 from hotseat_pool_controller.decisions.tick import decide_tick
@@ -220,8 +220,8 @@ def test_a_closed_residents_own_waiters_do_not_keep_it_busy() -> None:
     """Just after its commit a resident's waiters count as busy, unless they wait
     because it is closed (then they wait for the swap back, and must not block it)."""
     s = snap(resident="chat", committed_ms=NOW - 100, waiters={"chat": 2})
-    assert incumbent_busy(s, FAIR, None)
-    assert not incumbent_busy(replace(s, closed=True), FAIR, None)
+    assert incumbent_busy(s, FAIR, NOT_READ)
+    assert not incumbent_busy(replace(s, closed=True), FAIR, NOT_READ)
 
 
 def test_a_closed_resident_that_drained_is_swapped_for_the_waiter() -> None:
@@ -359,9 +359,9 @@ def test_idle_unload_asks_the_slots_first_under_leases_and_slots() -> None:
     """Under leasesAndSlots the resident's /slots are read before it goes; busy ones keep it."""
     slots = replace(IDLE, busy_signal=BusySignal.LEASES_AND_SLOTS)
     s = snap(resident="coder", committed_ms=NOW - 600_000)
-    assert decide_tick(s, slots, ME).need_idle_check == "coder"
-    assert decide_tick(s, slots, ME, slots_busy=True).swap is None
-    assert decide_tick(s, slots, ME, slots_busy=False).swap is not None
+    assert decide_tick(s, slots, ME).need_idle_check == ("coder",)
+    assert decide_tick(s, slots, ME, slots_busy={"coder": True}).swap is None
+    assert decide_tick(s, slots, ME, slots_busy={"coder": False}).swap is not None
 
 
 def test_the_pool_view_shows_the_closed_resident_and_the_queue_in_order() -> None:

@@ -249,11 +249,11 @@ def test_slots_are_consulted_before_a_swap_and_fail_closed() -> None:
     """busySignal leasesAndSlots: /slots is checked before starting a swap; busy slots mean busy."""
     s = snap(resident="judge")
     need = decide_acquire(s, ask("coder", IF_IDLE), SLOTS, ME)
-    assert need.need_idle_check == "judge"
+    assert need.need_idle_check == ("judge",)
     assert need.ops == ()
-    busy = decide_acquire(s, ask("coder", IF_IDLE), SLOTS, ME, slots_busy=True)
+    busy = decide_acquire(s, ask("coder", IF_IDLE), SLOTS, ME, slots_busy={"judge": True})
     assert isinstance(busy.reply, IncumbentBusyReply)
-    idle = decide_acquire(s, ask("coder", IF_IDLE), SLOTS, ME, slots_busy=False)
+    idle = decide_acquire(s, ask("coder", IF_IDLE), SLOTS, ME, slots_busy={"judge": False})
     assert idle.swap is not None
 
 
@@ -263,14 +263,15 @@ def test_admin_swap_and_unload_never_cut_a_busy_incumbent(action: str) -> None:
     /slots is consulted first, and busy slots refuse it too."""
 
     def admin(s: PoolSnapshot, policy: PoolPolicy, busy: bool | None) -> Decision:
+        read = {} if busy is None else {"judge": busy}
         if action == "swap":
-            return decide_admin_swap(s, "coder", ME, policy, slots_busy=busy)
-        return decide_admin_unload(s, ME, policy, slots_busy=busy)
+            return decide_admin_swap(s, "coder", ME, policy, slots_busy=read)
+        return decide_admin_unload(s, ME, policy, slots_busy=read)
 
     idle = snap(resident="judge")
     assert admin(idle, POLICY, None).swap is not None  # leases only: no slots asked
     need = admin(idle, SLOTS, None)
-    assert need.need_idle_check == "judge"
+    assert need.need_idle_check == ("judge",)
     assert need.ops == ()
     busy = admin(idle, SLOTS, True)
     assert isinstance(busy.reply, ErrorReply)

@@ -18,9 +18,11 @@ Invariants:
 
 - never two members loaded;
 - **never unload a member with a live lease** (a lease a router holds and keeps
-  renewing), whatever the faults; under ``busySignal: leasesAndSlots`` nor one whose
-  ``/slots`` were busy when the swap's drain check read them and still are (traffic
-  that bypasses the router and starts after that read is not the controller's to see);
+  renewing), whatever the faults; under ``busySignal: leasesAndSlots`` never unload a
+  member that serves traffic bypassing the router unless the swap read its ``/slots``
+  idle before that traffic began (traffic that starts after the read is not the
+  controller's to see): a swap reads every member it unloads, the state's resident and
+  any a failed unload left loaded alike;
 - every grant is for the member the GPU holds (loaded, not crashed) and that the store
   calls resident and healthy; and a member the store calls resident while idle is the
   one the GPU holds (both ways);
@@ -36,8 +38,9 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 
@@ -61,6 +64,7 @@ from hotseat_common.messages import (
 from hotseat_common.settings import RedisSettings
 from hotseat_pool_controller.decisions.acquire import decide_acquire
 from hotseat_pool_controller.decisions.admin import decide_admin_swap, decide_admin_unload
+from hotseat_pool_controller.decisions.busy import SlotsRead
 from hotseat_pool_controller.decisions.recovery import (
     decide_rebuild,
     decide_resident_health,
@@ -121,11 +125,27 @@ class SimGpu:
         self.highest_epoch = 0
         self.serving: set[str] = set()
         """Members with a lease some router holds: set by the machine before a command."""
-        self.bypassed: set[str] = set()
-        """Members serving traffic that bypassed the router (their /slots are busy)."""
-        self.unseen_cuts = 0
-        """Bypass traffic cut on a member the controller had no reason to check: the known
-        limit, counted apart from the contract's cuts."""
+        self.bypassed: dict[str, int] = {}
+        """Members serving traffic that bypassed the router (their /slots are busy), each
+        with the number of its stretch of traffic (one per start)."""
+        self.stretches = 0
+        self.reads: dict[tuple[int, str], int | None] = {}
+        """(swap, member) -> the stretch of bypass traffic that swap's last /slots read of
+        the member saw, ``None`` when it read the member idle."""
+        self.swap = 0
+        """The swap whose command acts now (set by the driver before a command)."""
+
+    def bypass(self, member: str) -> None:
+        """Traffic that bypasses the router begins on ``member`` (one that is loaded and
+        answers: a stalled member serves nothing)."""
+        if member in self.loaded and member not in self.stalled and member not in self.bypassed:
+            self.stretches += 1
+            self.bypassed[member] = self.stretches
+
+    def read_slots(self, member: str, swap: int) -> bool:
+        """A /slots read of ``member`` on behalf of ``swap``: idle unless bypassed."""
+        self.reads[swap, member] = self.bypassed.get(member)
+        return member not in self.bypassed
 
     def accept(self, epoch: int) -> bool:
         if epoch < self.highest_epoch:
@@ -139,7 +159,12 @@ class SimGpu:
         if member in self.loaded:
             assert member not in self.serving, f"unloaded {member} while it served"
             if member in self.bypassed:
-                self.unseen_cuts += 1
+                # Allowed only when this swap read it idle before the traffic began.
+                read = self.reads.get((self.swap, member), self.bypassed[member])
+                assert read != self.bypassed[member], (
+                    f"unloaded {member}, whose /slots were busy "
+                    + ("when read" if (self.swap, member) in self.reads else "(never read)")
+                )
         self.crash(member)
         return True
 
@@ -153,11 +178,16 @@ class SimGpu:
         self.stalled.discard(target)
         return True
 
+    def stall(self, member: str) -> None:
+        """Out of band: the member stops answering (and what it served stalls with it)."""
+        self.stalled.add(member)
+        self.bypassed.pop(member, None)
+
     def crash(self, member: str) -> None:
         """Out of band: the member's process dies (nothing the controller did)."""
         self.loaded.discard(member)
         self.stalled.discard(member)
-        self.bypassed.discard(member)
+        self.bypassed.pop(member, None)
 
     def ready(self, member: str) -> bool:
         return member in self.loaded and member not in self.stalled
@@ -215,6 +245,7 @@ class GatedDriver:
             command.done.set_exception(DriverError(f"{command.kind} {command.member}: boom"))
             return
         self.gpu.serving = self._serving()
+        self.gpu.swap = command.swap
         act = self.gpu.load if command.kind == "load" else self.gpu.unload
         if act(command.member, command.epoch):
             command.done.set_result(None)
@@ -231,7 +262,10 @@ class GatedDriver:
         return self.gpu.ready(member)
 
     async def is_idle(self, member: str) -> bool:
-        return member not in self.gpu.bypassed
+        """The member's /slots (a member that stalls does not answer them)."""
+        if member in self.gpu.stalled or member not in self.gpu.loaded:
+            raise DriverError(f"{member}: /slots do not answer")
+        return self.gpu.read_slots(member, CURRENT_SWAP.get())
 
     async def confirm_gone(self, member: str) -> bool:
         return member not in self.gpu.loaded
@@ -315,9 +349,6 @@ class ControllerMachine(RuleBasedStateMachine):
         """Members taken for lost while still on the GPU (until a swap unloads them)."""
         self.failed: set[str] = set()
         """Members whose swap failed (their backoff outlasts any run)."""
-        self.drain_checked: set[str] = set()
-        """Members whose /slots were busy at the last drain check: the /slots read of the
-        decision that started the current swap (a takeover resumes it, no new check)."""
 
     def run(self, coro):  # type: ignore[no-untyped-def]
         return self.loop.run_until_complete(coro)
@@ -342,11 +373,6 @@ class ControllerMachine(RuleBasedStateMachine):
 
     def decide(self, decide, attempt: str = "") -> Decision:  # type: ignore[no-untyped-def]
         decision, _ = self.run(self.store.decide(decide, attempt))
-        if decision.swap is not None and not decision.swap.resume:
-            # The controller reads /slots of the state's resident only: a member a failed
-            # unload left loaded is unloaded unchecked (docs/reliability.md, "Known
-            # limits"); its bypass traffic is counted apart (SimGpu.unseen_cuts).
-            self.drain_checked = set(self.gpu.bypassed) & {decision.swap.from_member}
         if decision.swap is not None:
             self.start_swap(decision.swap, self.owner_of(decision))
         return decision
@@ -390,26 +416,33 @@ class ControllerMachine(RuleBasedStateMachine):
                 self.zombies |= self.gpu.loaded
 
     def decide_busy(self, decide, attempt: str = "") -> Decision:  # type: ignore[no-untyped-def]
-        """Like PoolRuntime: a decision that needs the incumbent's /slots asks the GPU
-        (traffic that bypassed the router keeps its slots busy), then decides again."""
-        decision = self.decide(lambda s: decide(s, None), attempt)
-        if decision.need_idle_check is not None:
-            busy = decision.need_idle_check in self.gpu.bypassed
-            decision = self.decide(lambda s: decide(s, busy), attempt)
+        """Like Transitions.decide: a decision that needs members' /slots asks the GPU
+        (traffic that bypassed the router keeps its slots busy; a member not on the GPU
+        has none), then decides again, until it needs no new read."""
+        read: dict[str, bool | None] = {}
+        decision = self.decide(lambda s: decide(s, dict(read)), attempt)
+        while members := [m for m in decision.need_idle_check if m not in read]:
+            for member in members:
+                read[member] = self.read_slots(member)
+            decision = self.decide(lambda s: decide(s, dict(read)), attempt)
         return decision
+
+    def read_slots(self, member: str) -> bool | None:
+        """What runtime/slots.py reads: idle when not on the GPU, no answer when stalled."""
+        if member not in self.gpu.loaded:
+            return False
+        if member in self.gpu.stalled:
+            return None
+        return not self.gpu.read_slots(member, 0)
 
     def owner_of(self, decision: Decision) -> str:
         fields = next((op.fields for op in decision.ops if hasattr(op, "fields")), {})
         return str(fields.get("owner", "c1"))
 
     def serving(self) -> set[str]:
-        leased = {held.member for held in self.leases.values()}
-        if self.policy.busy_signal == BusySignal.LEASES_AND_SLOTS:
-            # Busy /slots are never cut either, but only for traffic the controller could
-            # see: traffic that bypasses the router and begins after the drain check (the
-            # /slots read that let the swap start) meets the unload (docs/llama.md).
-            return leased | (self.gpu.bypassed & self.drain_checked)
-        return leased
+        """Members with a lease a router holds (busy /slots are the GPU's to check:
+        :meth:`SimGpu.unload`)."""
+        return {held.member for held in self.leases.values()}
 
     @initialize()
     def start(self) -> None:
@@ -444,7 +477,7 @@ class ControllerMachine(RuleBasedStateMachine):
 
         waiters_seen: list[int] = []
 
-        def decide(s: PoolSnapshot, busy: bool | None) -> Decision:
+        def decide(s: PoolSnapshot, busy: SlotsRead) -> Decision:
             waiters_seen.append(s.total_waiters)
             ask = AcquireAsk.of(request, now_ms=s.now_ms, lease_id=lease_id)
             return decide_acquire(s, ask, self.policy, controller, slots_busy=busy)
@@ -605,7 +638,9 @@ class ControllerMachine(RuleBasedStateMachine):
         """The owner vanishes mid-swap (its heartbeat made to lapse). A frozen one keeps
         its commands held at their gates: opened later, they act on its old epoch (as a
         thawed owner's would, past its last ownership check) and meet the GPU's fence."""
-        owner = data.draw(st.sampled_from(self.swaps)).owner
+        self.controller_dies_now(data.draw(st.sampled_from(self.swaps)).owner, frozen=frozen)
+
+    def controller_dies_now(self, owner: str, *, frozen: bool = False) -> None:
         if not frozen:
             for swap in self.swaps:
                 if swap.owner == owner:
@@ -618,7 +653,7 @@ class ControllerMachine(RuleBasedStateMachine):
     def admin_swap(self, member: str, controller: str) -> None:
         seen: list[PoolSnapshot] = []
 
-        def decide(s: PoolSnapshot, busy: bool | None) -> Decision:
+        def decide(s: PoolSnapshot, busy: SlotsRead) -> Decision:
             seen.append(s)
             return decide_admin_swap(s, member, controller, self.policy, slots_busy=busy)
 
@@ -629,7 +664,7 @@ class ControllerMachine(RuleBasedStateMachine):
     def admin_unload(self, controller: str) -> None:
         seen: list[PoolSnapshot] = []
 
-        def decide(s: PoolSnapshot, busy: bool | None) -> Decision:
+        def decide(s: PoolSnapshot, busy: SlotsRead) -> Decision:
             seen.append(s)
             return decide_admin_unload(s, controller, self.policy, slots_busy=busy)
 
@@ -711,10 +746,10 @@ class ControllerMachine(RuleBasedStateMachine):
     @rule(member=st.sampled_from(MEMBERS), busy=st.booleans())
     def bypass_traffic(self, member: str, busy: bool) -> None:
         """A client talks to a loaded member directly (no lease): only /slots show it."""
-        if busy and member in self.gpu.loaded:
-            self.gpu.bypassed.add(member)
+        if busy:
+            self.gpu.bypass(member)
         else:
-            self.gpu.bypassed.discard(member)
+            self.gpu.bypassed.pop(member, None)
 
     @rule()
     def redis_flushed(self) -> None:
@@ -745,7 +780,7 @@ class ControllerMachine(RuleBasedStateMachine):
         if crash:
             self.gpu.crash(snap.resident)
         else:
-            self.gpu.stalled.add(snap.resident)
+            self.gpu.stall(snap.resident)
         self.health_check()
 
     @rule()
@@ -949,7 +984,7 @@ def test_known_fault_sequences_keep_the_contract(machine: type[ControllerMachine
         m.tick("c1")
         _settle_swaps(m)
         m.acquire("a", wait, "c1", "client-1")
-        m.gpu.stalled.add("a")
+        m.gpu.stall("a")
         m.redis_flushed()
         m.tick("c2")
         assert m.snapshot().unhealthy, "a stalled member rebuilt as healthy"
@@ -994,3 +1029,59 @@ def _answer_and_release(machine: ControllerMachine) -> None:
         machine._ask(waiter, "c2")
     for lease_id in sorted(machine.leases):
         machine.release_lease(lease_id)
+
+
+def with_slots(machine: type[ControllerMachine]) -> type[ControllerMachine]:
+    """``machine`` under busySignal leasesAndSlots."""
+
+    class WithSlots(machine):  # type: ignore[misc, valid-type]
+        policy = replace(machine.policy, busy_signal=BusySignal.LEASES_AND_SLOTS)
+
+    return WithSlots
+
+
+@contextlib.contextmanager
+def warm(machine: type[ControllerMachine]) -> Iterator[ControllerMachine]:
+    """A machine of ``machine`` whose pool warmed its default member, torn down after."""
+    m = machine()
+    try:
+        m.start()
+        m.tick("c1")
+        _settle_swaps(m)
+        yield m
+    finally:
+        m.teardown()
+
+
+def test_a_swap_reads_the_slots_of_every_member_it_unloads(
+    machine: type[ControllerMachine],
+) -> None:
+    """Under leasesAndSlots, traffic that bypasses the router on a member a swap is about
+    to unload is seen by the swap's own /slots read and not cut: here on the resident
+    (its traffic began after the drain check, and the swap's owner died: the replica
+    that takes it over reads again) and on a member a failed unload left loaded (no
+    longer the state's resident)."""
+    wait = PoolActivation.WAIT
+    with warm(with_slots(machine)) as m:  # a resident
+        m.acquire("b", wait, "c1", "client-1")  # a idle: the swap to b starts
+        m.controller_dies_now("c1")
+        m.bypass_traffic("a", busy=True)  # a client talks to a directly, meanwhile
+        m.tick("c2")  # takes the swap over
+        _settle_swaps(m)
+        assert "a" in m.gpu.loaded, "a's traffic was cut"
+        assert m.snapshot().resident == "a"
+        m.quiesce()
+    with warm(with_slots(machine)) as m:  # a resident
+        m.acquire("b", wait, "c1", "client-1")
+        (unload_a,) = [c for c in m.driver.pending if c.member == "a"]
+        m.driver.open(unload_a, fail=True)  # the swap fails; a is left loaded
+        m.settle()
+        _settle_swaps(m)
+        assert "a" in m.gpu.loaded
+        assert m.snapshot().resident is None
+        m.bypass_traffic("a", busy=True)
+        m.acquire("c", wait, "c1", "client-2")
+        m.tick("c1")
+        _settle_swaps(m)
+        assert "a" in m.gpu.loaded, "a's traffic was cut"
+        m.quiesce()

@@ -36,6 +36,7 @@ from hotseat_common.messages import (
 )
 from hotseat_pool_controller.decisions.acquire import decide_acquire
 from hotseat_pool_controller.decisions.admin import decide_admin_swap, decide_admin_unload
+from hotseat_pool_controller.decisions.busy import SlotsRead
 from hotseat_pool_controller.decisions.capacity import (
     decide_member_health,
     decide_member_lost,
@@ -52,7 +53,11 @@ from tests.controller.test_stateful import (
     Held,
     SimGpu,
     Waiting,
+    _answer_and_release,
+    _settle_swaps,
     run_to_quiescence,
+    warm,
+    with_slots,
 )
 
 pytestmark = pytest.mark.timeout(600)
@@ -125,7 +130,7 @@ class CapacityMachine(ControllerMachine):
             hold_s=600,
         )
 
-        def decide(s: PoolSnapshot, busy: bool | None) -> Decision:
+        def decide(s: PoolSnapshot, busy: SlotsRead) -> Decision:
             ask = AcquireAsk.of(request, now_ms=s.now_ms, lease_id=lease_id)
             return decide_acquire(s, ask, self.policy, controller, slots_busy=busy)
 
@@ -162,7 +167,11 @@ class CapacityMachine(ControllerMachine):
         )
         if isinstance(decision.reply, ErrorReply) and decision.reply.code == "incumbent_busy":
             snap = self.snapshot()
-            assert any(snap.serving(m) or snap.live_waiters(m) for m in snap.residents)
+            at_work = self.gpu.bypassed.keys() | self.gpu.stalled
+            assert any(
+                snap.serving(m) or snap.live_waiters(m) or m in at_work
+                for m in snap.residents | set(snap.evicts)
+            )
 
     @rule(controller=st.sampled_from(["c1", "c2"]))
     def admin_unload(self, controller: str) -> None:
@@ -182,7 +191,7 @@ class CapacityMachine(ControllerMachine):
         if crash:
             self.gpu.crash(member)
         else:
-            self.gpu.stalled.add(member)
+            self.gpu.stall(member)
         self.health_check()
 
     def health_check(self) -> None:
@@ -280,6 +289,14 @@ def test_capacity_pool_with_a_pinned_member_keeps_the_contract(
     run_to_quiescence(Pinned, examples=40, steps=40)
 
 
+def test_capacity_pool_with_slots_keeps_the_contract(machine: type[CapacityMachine]) -> None:
+    """The same under busySignal leasesAndSlots, with traffic that bypasses the router: a
+    member at work by its /slots is never evicted either (read by the decision that
+    plans its eviction, and again by the swap right before the unload)."""
+
+    run_to_quiescence(with_slots(machine), examples=60, steps=40)
+
+
 def test_capacity_gpu_trips_on_an_over_capacity_load() -> None:
     """The GPU's check can fail: b and c (24 GiB) fit, a beside them does not."""
     gpu = CapacityGpu()
@@ -288,3 +305,38 @@ def test_capacity_gpu_trips_on_an_over_capacity_load() -> None:
     with pytest.raises(AssertionError, match="beside"):
         gpu.load("a", 3)
     assert PoolOutcome.SWAP_STARTED  # the events the machine's decisions emit exist
+
+
+def test_a_member_at_work_for_bypassing_traffic_is_not_evicted(
+    machine: type[CapacityMachine],
+) -> None:
+    """Under leasesAndSlots: a (the default) and b resident, b idle by its leases but at
+    work for traffic that bypassed the router; c needs b gone. The plan's read finds b
+    busy: the request is held, b stays. Once b is idle the plan starts, reading it idle;
+    its owner dies, b gets traffic again meanwhile, and the replica that takes the plan
+    over reads b again: b is not unloaded, and stays counted until it is idle."""
+    wait = PoolActivation.WAIT
+    with warm(with_slots(machine)) as m:  # a, the default, resident
+        m.acquire("b", wait, "c1", "client-1")
+        _settle_swaps(m)
+        _answer_and_release(m)
+        assert m.snapshot().residents == {"a", "b"}
+        m.bypass_traffic("b", busy=True)
+        m.acquire("c", wait, "c1", "client-2")
+        m.tick("c2")
+        assert not m.swaps
+        assert "b" in m.snapshot().residents, "a plan started to evict b, at work"
+        assert m.waiting
+        m.bypass_traffic("b", busy=False)
+        m.tick("c1")
+        (plan,) = m.swaps
+        assert plan.order.evicts == ("b",)
+        m.controller_dies_now(plan.owner)
+        m.bypass_traffic("b", busy=True)
+        m.tick("c2")  # takes the plan over: reads b again
+        _settle_swaps(m)
+        assert "b" in m.gpu.loaded, "b's traffic was cut"
+        snap = m.snapshot()
+        assert "b" in snap.evicts, snap
+        assert "b" not in snap.residents
+        m.quiesce()  # its traffic ends: the next plan unloads it, and c loads

@@ -317,6 +317,9 @@ class SwapOrder:
     evicts: tuple[str, ...] | None = None
     """A capacity pool's plan: the only members it unloads (``None``: a one-resident
     pool's swap, which unloads every member but the target)."""
+    over_slots: bool = False
+    """An operator's forced action: the swap unloads without reading ``/slots``
+    (``busySignal: leasesAndSlots``; leases still count). A takeover reads them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,8 +404,8 @@ class Decision:
     pre: Preconditions = Preconditions()
     swap: SwapOrder | None = None
     audit: tuple[AuditIntent, ...] = ()
-    need_idle_check: str | None = None
-    """Member whose ``/slots`` must be consulted before deciding (busySignal leasesAndSlots)."""
+    need_idle_check: tuple[str, ...] = ()
+    """Members whose ``/slots`` must be read before deciding (busySignal leasesAndSlots)."""
 
     @property
     def writes(self) -> bool:

@@ -201,12 +201,6 @@ def _capacity_gib(capacity: Mapping[str, Any]) -> float | None:
 
 def _capacity_limits(path: str, pool: Mapping[str, Any]) -> Iterator[ConfigIssue]:
     """What a capacity pool does not do yet (docs/adr/0008)."""
-    if pool.get("busySignal") == "leasesAndSlots":
-        yield ConfigIssue(
-            f"{path}.busySignal",
-            "a pool with capacity counts live leases only for now (leasesAndSlots is not"
-            " supported there yet)",
-        )
     if pool.get("maxWait") is not None:
         yield ConfigIssue(
             f"{path}.maxWait",

@@ -13,7 +13,12 @@ from hotseat_common.messages import (
     WaitReason,
     WaitReply,
 )
-from hotseat_pool_controller.decisions.busy import incumbent_busy, needs_slots
+from hotseat_pool_controller.decisions.busy import (
+    NOT_READ,
+    SlotsRead,
+    incumbent_busy,
+    read_resident_first,
+)
 from hotseat_pool_controller.decisions.capacity import decide_capacity_acquire
 from hotseat_pool_controller.decisions.hold import (
     MIN_RETRY_AFTER_S,
@@ -49,22 +54,24 @@ def decide_acquire(  # noqa: PLR0911 - one answer per case of PRODUCT.md section
     policy: PoolPolicy,
     controller: str,
     *,
-    slots_busy: bool | None = None,
+    slots_busy: SlotsRead = NOT_READ,
 ) -> Decision:
     """PRODUCT.md section 2, one acquire at a time."""
     early = _before_residency(snap, ask, policy)
     if early is not None:
         return early
     if policy.has_capacity:
-        return decide_capacity_acquire(snap, ask, policy, controller, _grant(snap, ask, policy))
+        return decide_capacity_acquire(
+            snap, ask, policy, controller, _grant(snap, ask, policy), slots_busy
+        )
     if snap.resident == ask.member and snap.phase in SERVING:
         return _for_resident(snap, ask, policy)
     if snap.phase in IN_FLIGHT:
         return _while_in_flight(snap, ask, policy)
     # The member is not resident, and no swap is in flight (idle or draining).
     busy = incumbent_busy(snap, policy, slots_busy)
-    if not busy and needs_slots(snap, policy, slots_busy):
-        return Decision(need_idle_check=snap.resident)
+    if not busy and (check := read_resident_first(snap, policy, slots_busy)) is not None:
+        return check
     if busy:
         return _behind_busy_incumbent(snap, ask, policy)
     return _swap_now(snap, ask, policy, controller)

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from hotseat_common.errors import ErrorCode
 from hotseat_common.messages import ErrorReply, SwapReason, WaitReason, WaitReply
-from hotseat_pool_controller.decisions.busy import needs_slots
+from hotseat_pool_controller.decisions.busy import (
+    NOT_READ,
+    SlotsRead,
+    busy_in_service,
+    read_resident_first,
+)
 from hotseat_pool_controller.decisions.capacity import (
     decide_capacity_admin_swap,
     decide_capacity_admin_unload,
@@ -27,7 +32,7 @@ def decide_admin_swap(
     controller: str,
     policy: PoolPolicy,
     *,
-    slots_busy: bool | None = None,
+    slots_busy: SlotsRead = NOT_READ,
 ) -> Decision:
     """An operator forces ``member`` in."""
     if member not in policy.members:
@@ -37,7 +42,7 @@ def decide_admin_swap(
     if (refused := _in_flight(snap)) is not None:
         return refused
     if policy.has_capacity:
-        return decide_capacity_admin_swap(snap, member, controller, policy)
+        return decide_capacity_admin_swap(snap, member, controller, policy, slots_busy)
     if snap.resident == member:
         return Decision(
             reply=WaitReply(
@@ -50,13 +55,13 @@ def decide_admin_swap(
 
 
 def decide_admin_unload(
-    snap: PoolSnapshot, controller: str, policy: PoolPolicy, *, slots_busy: bool | None = None
+    snap: PoolSnapshot, controller: str, policy: PoolPolicy, *, slots_busy: SlotsRead = NOT_READ
 ) -> Decision:
     """An operator empties the GPU: unload the resident, then stay cold until demand."""
     if (refused := _in_flight(snap)) is not None:
         return refused
     if policy.has_capacity:
-        return decide_capacity_admin_unload(snap, controller, policy)
+        return decide_capacity_admin_unload(snap, controller, policy, slots_busy)
     return _start(
         snap, policy, controller, target=None, reason=SwapReason.ADMIN_UNLOAD, slots_busy=slots_busy
     )
@@ -77,7 +82,7 @@ def _start(
     *,
     target: str | None,
     reason: SwapReason,
-    slots_busy: bool | None,
+    slots_busy: SlotsRead,
 ) -> Decision:
     refused = _refusal(snap, policy, slots_busy)
     if refused is not None:
@@ -89,7 +94,7 @@ def _start(
     return start.decision(start.wait_reply(snap))
 
 
-def _refusal(snap: PoolSnapshot, policy: PoolPolicy, slots_busy: bool | None) -> Decision | None:
+def _refusal(snap: PoolSnapshot, policy: PoolPolicy, slots_busy: SlotsRead) -> Decision | None:
     """Why an admin swap or unload must not cut the incumbent now (None: it may)."""
     if snap.live_leases(snap.resident) > 0:
         return Decision(
@@ -106,9 +111,9 @@ def _refusal(snap: PoolSnapshot, policy: PoolPolicy, slots_busy: bool | None) ->
                 "relearning them (one lease TTL after the rebuild)",
             )
         )
-    if needs_slots(snap, policy, slots_busy):
-        return Decision(need_idle_check=snap.resident)
-    if slots_busy is True and snap.resident is not None:
+    if (check := read_resident_first(snap, policy, slots_busy)) is not None:
+        return check
+    if snap.resident is not None and busy_in_service(slots_busy, snap.resident):
         return Decision(
             reply=ErrorReply(
                 code=ErrorCode.INCUMBENT_BUSY,

@@ -10,10 +10,11 @@ has a capacity.
 - A member of the set is granted at once, in every phase.
 - A member being loaded or evicted: the request waits, in both modes.
 - A member absent, no plan in flight: if it fits in the free memory the plan evicts
-  nothing; otherwise it evicts idle members (no live lease, no waiter just granted),
-  never pinned ones, cheapest first (expected reload time, then least recently used), and
-  only as many as needed. If no idle set frees enough, the pool drains toward it: Wait
-  holds, IfIdle is told ``incumbent_busy`` at once.
+  nothing; otherwise it evicts idle members (no live lease, no waiter just granted, and
+  under ``busySignal: leasesAndSlots`` its ``/slots`` read idle), never pinned ones,
+  cheapest first (expected reload time, then least recently used), and only as many as
+  needed. If no idle set frees enough, the pool drains toward it: Wait holds, IfIdle is
+  told ``incumbent_busy`` at once.
 - Never over capacity: the plan's evicts leave the set when it starts and are confirmed
   gone before its load begins; the load that starts fits beside the set.
 """
@@ -32,6 +33,13 @@ from hotseat_common.messages import (
     SwapReason,
     WaitReason,
     WaitReply,
+)
+from hotseat_pool_controller.decisions.busy import (
+    NOT_READ,
+    SlotsRead,
+    at_work,
+    busy_in_service,
+    unread,
 )
 from hotseat_pool_controller.decisions.hold import (
     hold,
@@ -93,11 +101,13 @@ def free_gib(snap: PoolSnapshot, policy: PoolPolicy) -> float:
     return (policy.capacity_gib or 0.0) - held_gib(snap, policy)
 
 
-def member_idle(snap: PoolSnapshot, policy: PoolPolicy, member: str) -> bool:
-    """No live lease (nor any the store may be relearning), and no waiter that is
-    re-asking right after it was loaded or used (a stray waiter of a dead router, long
-    after, does not pin it)."""
-    if snap.serving(member):
+def member_idle(
+    snap: PoolSnapshot, policy: PoolPolicy, member: str, slots: SlotsRead = NOT_READ
+) -> bool:
+    """No live lease (nor any the store may be relearning), no ``/slots`` read busy, and
+    no waiter that is re-asking right after it was loaded or used (a stray waiter of a
+    dead router, long after, does not pin it)."""
+    if snap.serving(member) or busy_in_service(slots, member):
         return False
     recently = snap.now_ms - snap.used.get(member, 0) < policy.waiter_grace_ms
     return not (snap.live_waiters(member) > 0 and recently)
@@ -110,29 +120,39 @@ def reload_cost_s(snap: PoolSnapshot, member: str) -> int:
     return math.ceil(swap_s(snap, member) or 0.0)
 
 
-def eviction_order(snap: PoolSnapshot, policy: PoolPolicy) -> list[str]:
+def eviction_order(
+    snap: PoolSnapshot, policy: PoolPolicy, slots: SlotsRead = NOT_READ
+) -> list[str]:
     """The residents that may be evicted now, cheapest first: the shortest expected
     reload (:func:`reload_cost_s`), then least recently used."""
     candidates = [
         m
         for m in snap.residents
-        if m not in policy.pinned and m != policy.default and member_idle(snap, policy, m)
+        if m not in policy.pinned and m != policy.default and member_idle(snap, policy, m, slots)
     ]
     return sorted(candidates, key=lambda m: (reload_cost_s(snap, m), snap.used.get(m, 0), m))
 
 
-def make_plan(snap: PoolSnapshot, policy: PoolPolicy, target: str) -> Plan | None:
+def make_plan(
+    snap: PoolSnapshot, policy: PoolPolicy, target: str, slots: SlotsRead = NOT_READ
+) -> Plan | None:
     """The plan that loads ``target`` now (no plan is in flight): nothing evicted when it
     fits, else idle members in eviction order, only as many as needed; ``None`` when no
-    idle set frees enough (busy members would have to go: the pool drains)."""
+    idle set frees enough (busy members would have to go: the pool drains). Under
+    ``busySignal: leasesAndSlots`` a plan is started only once the ``/slots`` of each
+    member it evicts were read idle (:func:`read_first`)."""
     need = policy.gib(target)
-    # Members still to confirm gone (left by a failed plan or a loss) serve nothing: every
-    # plan unloads them first (start_plan), so their memory is free for its load.
+    # Members still to confirm gone (left by a failed plan or a loss) serve no router:
+    # every plan unloads them first (start_plan), so their memory is free for its load;
+    # unless one is at work for traffic that bypassed the router (its /slots read busy):
+    # then no plan starts until it is idle.
+    if any(at_work(slots, m) for m in snap.evicts):
+        return None
     free = (policy.capacity_gib or 0.0) - sum(policy.gib(m) for m in snap.residents)
     if need <= free + EPSILON_GIB:
         return Plan(target, ())
     chosen: list[str] = []
-    for member in eviction_order(snap, policy):
+    for member in eviction_order(snap, policy, slots):
         chosen.append(member)
         free += policy.gib(member)
         if need <= free + EPSILON_GIB:
@@ -145,6 +165,15 @@ def make_plan(snap: PoolSnapshot, policy: PoolPolicy, target: str) -> Plan | Non
             chosen.remove(member)
             free -= policy.gib(member)
     return Plan(target, tuple(chosen))
+
+
+def read_first(
+    snap: PoolSnapshot, policy: PoolPolicy, slots: SlotsRead, plan: Plan
+) -> Decision | None:
+    """The ``/slots`` reads ``plan`` still needs before it may start (``None``: none):
+    every member it unloads, the ones still to confirm gone included."""
+    members = unread(policy, slots, tuple(dict.fromkeys((*plan.evicts, *snap.evicts))))
+    return Decision(need_idle_check=members) if members else None
 
 
 # --- starting a plan ----------------------------------------------------------------
@@ -248,10 +277,16 @@ def start_plan(
 # --- acquire ------------------------------------------------------------------------
 
 
-def decide_capacity_acquire(  # noqa: PLR0911 - one answer per case of the set
-    snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy, controller: str, grant: Decision
+def decide_capacity_acquire(  # noqa: PLR0911, PLR0917 - one answer per case of the set
+    snap: PoolSnapshot,
+    ask: AcquireAsk,
+    policy: PoolPolicy,
+    controller: str,
+    grant: Decision,
+    slots: SlotsRead = NOT_READ,
 ) -> Decision:
-    """One acquire in a capacity pool (``grant``: the decision that grants it)."""
+    """One acquire in a capacity pool (``grant``: the decision that grants it; ``slots``:
+    the ``/slots`` read so far)."""
     member = ask.member
     if member in snap.residents:
         return _for_resident(snap, ask, policy, grant)
@@ -268,8 +303,10 @@ def decide_capacity_acquire(  # noqa: PLR0911 - one answer per case of the set
         and first != member
         and snap.live_waiters(first) > 0
     ):
-        return _behind_drain(snap, ask, policy, controller, first)
-    plan = make_plan(snap, policy, member)
+        return _behind_drain(snap, ask, policy, controller, first, slots)
+    plan = make_plan(snap, policy, member, slots)
+    if plan is not None and (check := read_first(snap, policy, slots, plan)) is not None:
+        return check
     if plan is None:
         if ask.mode == PoolActivation.IF_IDLE:
             return _busy(snap, ask)
@@ -294,13 +331,20 @@ def _for_resident(
     return hold(snap, ask, policy, WaitReason.RECOVERING, target=ask.member)
 
 
-def _behind_drain(
-    snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy, controller: str, first: str
+def _behind_drain(  # noqa: PLR0917 - the acquire's own arguments, passed on
+    snap: PoolSnapshot,
+    ask: AcquireAsk,
+    policy: PoolPolicy,
+    controller: str,
+    first: str,
+    slots: SlotsRead,
 ) -> Decision:
     """The pool drains toward ``first``, whose waiters came first: its plan starts now if
     it can, and this request waits behind it (IfIdle only when it will fit beside it,
     else it is told busy at once, ADR 0005 point 7)."""
-    plan = make_plan(snap, policy, first)
+    plan = make_plan(snap, policy, first, slots)
+    if plan is not None and (check := read_first(snap, policy, slots, plan)) is not None:
+        return check
     if plan is None:
         if ask.mode == PoolActivation.IF_IDLE:
             return _busy(snap, ask)
@@ -355,7 +399,7 @@ def _busy(snap: PoolSnapshot, ask: AcquireAsk) -> Decision:
 
 
 def decide_capacity_tick(  # noqa: PLR0911 - one move per state of the set
-    snap: PoolSnapshot, policy: PoolPolicy, controller: str
+    snap: PoolSnapshot, policy: PoolPolicy, controller: str, slots: SlotsRead = NOT_READ
 ) -> Decision:
     """Move a capacity pool forward without a request (no plan in flight): the most urgent
     absent member's plan, or drain toward it; else warm the pinned and default members,
@@ -369,20 +413,34 @@ def decide_capacity_tick(  # noqa: PLR0911 - one move per state of the set
     ):
         return _retarget(snap, demand)
     if demand is not None:
-        plan = make_plan(snap, policy, demand)
+        plan = make_plan(snap, policy, demand, slots)
         if plan is not None:
-            return start_plan(snap, policy, controller, plan).decision()
+            check = read_first(snap, policy, slots, plan)
+            return check or start_plan(snap, policy, controller, plan).decision()
         if snap.phase == Phase.IDLE:
             return Decision(
                 ops=(set_state(phase=Phase.DRAINING, target=demand, cause=forget_cause(snap)),),
                 pre=Preconditions(version=snap.version),
             )
         return NOTHING
-    if (warm := _warm(snap, policy, controller)) is not None:
+    if (warm := _warm(snap, policy, controller, slots)) is not None:
         return warm
     if snap.evicts:  # left over by a failed plan: unloaded before anything else loads
-        return start_plan(snap, policy, controller, Plan(None, ())).decision()
-    return _idle_unload(snap, policy, controller)
+        return _unload_leftovers(snap, policy, controller, slots)
+    return _idle_unload(snap, policy, controller, slots)
+
+
+def _unload_leftovers(
+    snap: PoolSnapshot, policy: PoolPolicy, controller: str, slots: SlotsRead
+) -> Decision:
+    """Members a failed plan or a loss left to confirm gone are unloaded, unless one is
+    at work for traffic that bypassed the router (then a later tick tries again)."""
+    leftovers = Plan(None, ())
+    if (check := read_first(snap, policy, slots, leftovers)) is not None:
+        return check
+    if any(at_work(slots, m) for m in snap.evicts):
+        return NOTHING
+    return start_plan(snap, policy, controller, leftovers).decision()
 
 
 def _absent(snap: PoolSnapshot, policy: PoolPolicy) -> frozenset[str]:
@@ -410,7 +468,9 @@ def _retarget(snap: PoolSnapshot, demand: str | None) -> Decision:
     )
 
 
-def _warm(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> Decision | None:
+def _warm(
+    snap: PoolSnapshot, policy: PoolPolicy, controller: str, slots: SlotsRead
+) -> Decision | None:
     """The pinned members and the default are kept resident (loaded at start, and again
     after a loss), unless an admin unloaded the pool."""
     if snap.parked:
@@ -419,15 +479,20 @@ def _warm(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> Decision |
     for member in wanted:
         if member in snap.residents or snap.failures.get(member, 0) > 0:
             continue
-        plan = make_plan(snap, policy, member)
+        plan = make_plan(snap, policy, member, slots)
         if plan is not None:
-            return start_plan(
-                snap, policy, controller, plan, reason=SwapReason.WARM_DEFAULT, forced=True
-            ).decision()
+            return (
+                read_first(snap, policy, slots, plan)
+                or start_plan(
+                    snap, policy, controller, plan, reason=SwapReason.WARM_DEFAULT, forced=True
+                ).decision()
+            )
     return None
 
 
-def _idle_unload(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> Decision:
+def _idle_unload(
+    snap: PoolSnapshot, policy: PoolPolicy, controller: str, slots: SlotsRead
+) -> Decision:
     """Residents that served nothing for their ``idleUnloadAfter`` are unloaded (never a
     pinned member or the default)."""
     due = tuple(
@@ -437,23 +502,29 @@ def _idle_unload(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> Dec
             if m in policy.idle_unload_ms
             and m not in policy.pinned
             and m != policy.default
-            and member_idle(snap, policy, m)
+            and member_idle(snap, policy, m, slots)
             and snap.live_waiters(m) == 0
             and snap.now_ms - snap.used.get(m, 0) >= policy.idle_unload_ms[m]
         )
     )
     if not due:
         return NOTHING
-    return start_plan(
-        snap, policy, controller, Plan(None, due), reason=SwapReason.IDLE_UNLOAD
-    ).decision()
+    plan = Plan(None, due)
+    return (
+        read_first(snap, policy, slots, plan)
+        or start_plan(snap, policy, controller, plan, reason=SwapReason.IDLE_UNLOAD).decision()
+    )
 
 
 # --- admin --------------------------------------------------------------------------
 
 
 def decide_capacity_admin_swap(
-    snap: PoolSnapshot, member: str, controller: str, policy: PoolPolicy
+    snap: PoolSnapshot,
+    member: str,
+    controller: str,
+    policy: PoolPolicy,
+    slots: SlotsRead = NOT_READ,
 ) -> Decision:
     """An operator loads ``member``, evicting idle members as a request would (refused
     when only busy ones could make room)."""
@@ -463,7 +534,9 @@ def decide_capacity_admin_swap(
                 reason=WaitReason.SWAP_IN_FLIGHT, target=None, epoch=snap.epoch, retry_after_s=0
             )
         )
-    plan = make_plan(snap, policy, member)
+    plan = make_plan(snap, policy, member, slots)
+    if plan is not None and (check := read_first(snap, policy, slots, plan)) is not None:
+        return check
     if plan is None:
         return Decision(
             reply=ErrorReply(
@@ -477,10 +550,11 @@ def decide_capacity_admin_swap(
 
 
 def decide_capacity_admin_unload(
-    snap: PoolSnapshot, controller: str, policy: PoolPolicy
+    snap: PoolSnapshot, controller: str, policy: PoolPolicy, slots: SlotsRead = NOT_READ
 ) -> Decision:
     """An operator empties the pool: every resident is unloaded (pinned ones too), then it
-    stays cold until demand; refused while any of them serves."""
+    stays cold until demand; refused while any of them serves (live leases, or busy
+    ``/slots`` under ``busySignal: leasesAndSlots``)."""
     busy = sorted(m for m in snap.residents if snap.serving(m))
     if busy:
         return Decision(
@@ -489,13 +563,19 @@ def decide_capacity_admin_unload(
                 message=f"{', '.join(busy)} may still serve (live leases)",
             )
         )
-    start = start_plan(
-        snap,
-        policy,
-        controller,
-        Plan(None, tuple(sorted(snap.residents))),
-        reason=SwapReason.ADMIN_UNLOAD,
-    )
+    plan = Plan(None, tuple(sorted(snap.residents)))
+    if (check := read_first(snap, policy, slots, plan)) is not None:
+        return check
+    working = {m for m in snap.residents if busy_in_service(slots, m)}
+    working |= {m for m in snap.evicts if at_work(slots, m)}
+    if working:
+        return Decision(
+            reply=ErrorReply(
+                code=ErrorCode.INCUMBENT_BUSY,
+                message=f"{', '.join(sorted(working))}: /slots report requests in progress",
+            )
+        )
+    start = start_plan(snap, policy, controller, plan, reason=SwapReason.ADMIN_UNLOAD)
     return start.decision(start.wait_reply(snap))
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from hotseat_common.config.model import PoolActivation
 from hotseat_common.messages import PlacementReason
-from hotseat_pool_controller.decisions.busy import incumbent_busy
+from hotseat_pool_controller.decisions.busy import NOT_READ, incumbent_busy
 from hotseat_pool_controller.decisions.capacity import make_plan, reload_cost_s
 from hotseat_pool_controller.decisions.schedule import eta_s
 from hotseat_pool_controller.model import IN_FLIGHT, SERVING, Phase, PoolPolicy, PoolSnapshot
@@ -98,7 +98,7 @@ def copy_state(snap: PoolSnapshot, policy: PoolPolicy, member: str) -> CopyState
         placeable = (
             snap.phase == Phase.IDLE
             and snap.resident != member
-            and not incumbent_busy(snap, policy, None)
+            and not incumbent_busy(snap, policy, NOT_READ)
             and not failed
         )
         evicts = (snap.resident,) if placeable and snap.resident is not None else ()

@@ -21,7 +21,7 @@ from hotseat_pool_controller.model import (
     SetFailure,
     SetState,
 )
-from hotseat_pool_controller.store.codec import owned_by, set_state
+from hotseat_pool_controller.store.codec import KEEP, owned_by, set_state
 
 
 def _owns(snap: PoolSnapshot, epoch: int, controller: str) -> bool:
@@ -66,16 +66,7 @@ def decide_begin_load(
             pre=Preconditions(
                 state_equals=owned_by(epoch, controller), zero_waiters=(snap.target,)
             ),
-            audit=(
-                AuditIntent.of_swap(
-                    PoolOutcome.SWAP_CANCELLED,
-                    snap.target,
-                    snap.from_member,
-                    epoch,
-                    "demand_gone_before_load",
-                    snap=snap,
-                ),
-            ),
+            audit=_cancelled(snap, epoch, "demand_gone_before_load"),
         )
     # An unload-only swap (admin) has nothing to load: it goes straight on to its commit.
     if capacity:
@@ -92,6 +83,51 @@ def decide_begin_load(
     return Decision(
         ops=(set_state(phase=Phase.LOADING, loading_ms=snap.now_ms),),
         pre=_still_owned(epoch, controller),
+    )
+
+
+def decide_unloads_refused(  # noqa: PLR0917 - the step's own arguments
+    snap: PoolSnapshot,
+    policy: PoolPolicy,
+    epoch: int,
+    controller: str,
+    busy: tuple[str, ...],
+    unloaded: tuple[str, ...] = (),
+) -> Decision | None:
+    """The owner's own ``/slots`` reads found ``busy`` at work right before it unloads
+    them (``busySignal: leasesAndSlots``; traffic that bypasses the router shows only
+    there): the swap ends without unloading them. The pool drains toward the target
+    while it has waiters (Wait holds; the tick tries again, reading once more), else goes
+    back to idle; a one-resident pool keeps its resident. In a capacity pool every member
+    still to unload stays counted and is never granted (the busy target too), until a
+    later plan finds it idle and confirms it gone."""
+    if not _owns(snap, epoch, controller):
+        return None
+    waited = snap.target is not None and snap.live_waiters(snap.target) > 0
+    owed = list(evicts_left(snap, unloaded))
+    owed += [m for m in busy if m not in owed and m not in snap.residents]
+    return Decision(
+        ops=(
+            set_state(
+                phase=Phase.DRAINING if waited else Phase.IDLE,
+                target=snap.target if waited else None,
+                from_member=None,
+                owner=None,
+                forced=False,
+                parked=False,
+                evicts=tuple(owed) if policy.has_capacity else KEEP,
+            ),
+        ),
+        pre=_still_owned(epoch, controller),
+        audit=_cancelled(snap, epoch, "busy_slots"),
+    )
+
+
+def _cancelled(snap: PoolSnapshot, epoch: int, reason: str) -> tuple[AuditIntent, ...]:
+    return (
+        AuditIntent.of_swap(
+            PoolOutcome.SWAP_CANCELLED, snap.target, snap.from_member, epoch, reason, snap=snap
+        ),
     )
 
 

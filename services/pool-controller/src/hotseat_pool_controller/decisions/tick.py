@@ -9,7 +9,12 @@ from __future__ import annotations
 import math
 
 from hotseat_common.messages import PoolOutcome, SwapReason
-from hotseat_pool_controller.decisions.busy import incumbent_busy, needs_slots
+from hotseat_pool_controller.decisions.busy import (
+    NOT_READ,
+    SlotsRead,
+    incumbent_busy,
+    read_resident_first,
+)
 from hotseat_pool_controller.decisions.capacity import decide_capacity_tick
 from hotseat_pool_controller.decisions.recovery import decide_resident_lost
 from hotseat_pool_controller.decisions.schedule import closing_for, idle_unload_due, most_urgent
@@ -29,7 +34,7 @@ from hotseat_pool_controller.store.codec import set_state
 
 
 def decide_tick(  # noqa: PLR0911 - one move per state of the pool
-    snap: PoolSnapshot, policy: PoolPolicy, controller: str, *, slots_busy: bool | None = None
+    snap: PoolSnapshot, policy: PoolPolicy, controller: str, *, slots_busy: SlotsRead = NOT_READ
 ) -> Decision:
     """Move the pool forward without a request: start, retarget, cancel, take over, warm."""
     if snap.phase == Phase.UNKNOWN:
@@ -37,7 +42,7 @@ def decide_tick(  # noqa: PLR0911 - one move per state of the pool
     if snap.phase in IN_FLIGHT:
         return _maybe_take_over(snap, policy, controller)
     if policy.has_capacity:
-        return decide_capacity_tick(snap, policy, controller)
+        return decide_capacity_tick(snap, policy, controller, slots_busy)
     if snap.unhealthy and snap.resident is not None and not snap.serving(snap.resident):
         # It stopped answering while it served; now that nothing is left on it, recover.
         return decide_resident_lost(snap, snap.resident, "unhealthy, and its last lease ended")
@@ -84,7 +89,7 @@ def quiet_for_ms(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> flo
 
 
 def _without_demand(
-    snap: PoolSnapshot, policy: PoolPolicy, controller: str, slots_busy: bool | None
+    snap: PoolSnapshot, policy: PoolPolicy, controller: str, slots_busy: SlotsRead
 ) -> Decision:
     """Nobody waits for another member: unload a resident idle too long, warm a cold pool."""
     if idle_unload_due(snap, policy):
@@ -93,7 +98,7 @@ def _without_demand(
 
 
 def _toward(
-    snap: PoolSnapshot, policy: PoolPolicy, controller: str, demand: str, slots_busy: bool | None
+    snap: PoolSnapshot, policy: PoolPolicy, controller: str, demand: str, slots_busy: SlotsRead
 ) -> Decision:
     """Waiters for ``demand``: drain a busy incumbent (it keeps serving, and takes new
     requests until ``maxWait`` closes it), else swap now."""
@@ -114,20 +119,20 @@ def _toward(
                 pre=Preconditions(version=snap.version),
             )
         return NOTHING
-    if needs_slots(snap, policy, slots_busy):
-        return Decision(need_idle_check=snap.resident)
+    if (check := read_resident_first(snap, policy, slots_busy)) is not None:
+        return check
     return start_swap(snap, policy, controller, demand, reason=SwapReason.DEMAND).decision()
 
 
 def _idle_unload(
-    snap: PoolSnapshot, policy: PoolPolicy, controller: str, slots_busy: bool | None
+    snap: PoolSnapshot, policy: PoolPolicy, controller: str, slots_busy: SlotsRead
 ) -> Decision:
     """The resident served nothing for its ``idleUnloadAfter``: the default member comes
     back in its place, or (no other default) the pool goes cold. Never while it serves."""
     if incumbent_busy(snap, policy, slots_busy):
         return NOTHING
-    if needs_slots(snap, policy, slots_busy):
-        return Decision(need_idle_check=snap.resident)
+    if (check := read_resident_first(snap, policy, slots_busy)) is not None:
+        return check
     default = policy.default
     if default is not None and default != snap.resident and snap.failures.get(default, 0) <= 0:
         return start_swap(

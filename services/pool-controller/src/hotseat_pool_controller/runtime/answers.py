@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
+from dataclasses import replace
 
 from hotseat_common.errors import ErrorCode
 from hotseat_common.logging import get_logger
 from hotseat_common.messages import AcquireRequest, ErrorReply, PoolView, RenewRequest
 from hotseat_pool_controller.decisions.acquire import decide_acquire
 from hotseat_pool_controller.decisions.admin import decide_admin_swap, decide_admin_unload
+from hotseat_pool_controller.decisions.busy import SlotsRead, all_idle
 from hotseat_pool_controller.model import (
     AcquireAsk,
     Decision,
@@ -88,7 +91,7 @@ class PoolAnswers:
             self._announcer.acquired(self.name, request.member, fast.status)
             return fast
 
-        def decide(snap: PoolSnapshot, slots_busy: bool | None) -> Decision:
+        def decide(snap: PoolSnapshot, slots_busy: SlotsRead) -> Decision:
             ask = AcquireAsk.of(request, now_ms=snap.now_ms, lease_id=lease_id)
             return decide_acquire(snap, ask, self.policy, self._controller, slots_busy=slots_busy)
 
@@ -125,16 +128,34 @@ class PoolAnswers:
         await self._recovery.check_resident(threshold=1)
 
     async def admin_swap(self, member: str, *, force: bool = False) -> Decision:
-        """``force``: do not consult the incumbent's /slots (its leases still count)."""
+        """``force``: do not consult the members' /slots (their leases still count)."""
         return await self._transitions.decide(
-            lambda s, busy: decide_admin_swap(
-                s, member, self._controller, self.policy, slots_busy=False if force else busy
+            lambda s, busy: self._forced(
+                lambda read: decide_admin_swap(
+                    s, member, self._controller, self.policy, slots_busy=read
+                ),
+                busy,
+                force=force,
             )
         )
 
     async def admin_unload(self, *, force: bool = False) -> Decision:
         return await self._transitions.decide(
-            lambda s, busy: decide_admin_unload(
-                s, self._controller, self.policy, slots_busy=False if force else busy
+            lambda s, busy: self._forced(
+                lambda read: decide_admin_unload(s, self._controller, self.policy, slots_busy=read),
+                busy,
+                force=force,
             )
         )
+
+    def _forced(
+        self, decide: Callable[[SlotsRead], Decision], read: SlotsRead, *, force: bool
+    ) -> Decision:
+        """An operator's action; forced, every member's /slots count as idle, for the
+        decision and for the swap it starts."""
+        if not force:
+            return decide(read)
+        decision = decide(all_idle(self.policy))
+        if decision.swap is None:
+            return decision
+        return replace(decision, swap=replace(decision.swap, over_slots=True))

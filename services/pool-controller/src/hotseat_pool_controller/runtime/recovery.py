@@ -5,6 +5,7 @@ lost from what the drivers report (docs/adr/0005)."""
 from __future__ import annotations
 
 from hotseat_common.logging import get_logger
+from hotseat_pool_controller.decisions.busy import SlotsRead
 from hotseat_pool_controller.decisions.capacity import decide_member_health, decide_member_lost
 from hotseat_pool_controller.decisions.recovery import (
     decide_rebuild,
@@ -164,13 +165,13 @@ class Recovery:
             await self._lose(member, reason, revoke=revoke)
 
     async def _health(self, member: str, *, healthy: bool) -> None:
-        def decide(snap: PoolSnapshot, _busy: bool | None) -> Decision:
+        def decide(snap: PoolSnapshot, _read: SlotsRead) -> Decision:
             return decide_member_health(snap, member, healthy=healthy)
 
         await self._transitions.decide(decide)
 
     async def _lose(self, member: str, reason: str, *, revoke: bool) -> None:
-        def decide(snap: PoolSnapshot, _busy: bool | None) -> Decision:
+        def decide(snap: PoolSnapshot, _read: SlotsRead) -> Decision:
             return decide_member_lost(snap, member, reason, revoke=revoke)
 
         await self._transitions.decide(decide)

@@ -18,6 +18,12 @@ read just before, and the driver finds its ``/slots`` idle), and the target's sl
 restored after its load and before the commit, so before the first grant. A save or
 restore that fails is reported and counted, never fails the swap; the terminal event of
 the swap carries the figures.
+
+Under ``busySignal: leasesAndSlots`` the owner reads the ``/slots`` of every member it is
+about to unload (the evicts of a plan, the resident, a member a failed unload left
+loaded: whatever the state says of them), right before the unloads: a member at work,
+even for traffic that bypasses the router, is not unloaded, and the swap ends unloading
+nothing (``decide_unloads_refused``); the pool tries again once it is idle.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from dataclasses import replace
 from redis.exceptions import RedisError
 
 from hotseat_common import tracing as spans
+from hotseat_common.config.model import BusySignal
 from hotseat_common.logging import get_logger
 from hotseat_common.messages import PoolOutcome
 from hotseat_common.tracing import NO_TRACING, Span, Tracing
@@ -40,6 +47,7 @@ from hotseat_pool_controller.decisions.swap import (
     decide_commit,
     decide_fail,
     decide_heartbeat,
+    decide_unloads_refused,
 )
 from hotseat_pool_controller.drivers.base import (
     NOT_RUNNING,
@@ -61,6 +69,7 @@ from hotseat_pool_controller.model import (
 )
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.runtime.outcomes import Outcomes
+from hotseat_pool_controller.runtime.slots import slots_busy
 from hotseat_pool_controller.store.pool import PoolStore
 
 log = get_logger(__name__)
@@ -219,8 +228,22 @@ class SwapRunner:
         try:
             try:
                 async with asyncio.timeout(remaining):
-                    unloaded = await self._unload_others(order, claim, tally)
-                    await self._unload_target_if_unwanted(order, claim)
+                    others = await self._to_unload(order)
+                    unloaded: tuple[str, ...] = ()
+                    busy = await self._at_work(order, claim, others)
+                    if not busy:
+                        unloaded = await self._unload_others(order, others, claim, tally)
+                        busy = await self._unload_target_if_unwanted(order, claim)
+                    if busy:
+                        await self._step(
+                            lambda s: decide_unloads_refused(
+                                s, self._policy, epoch, self._controller, busy, unloaded
+                            ),
+                            "busy",
+                            tally,
+                        )
+                        result = "cancelled"
+                        return result
                     decision = await self._step(
                         lambda s: decide_begin_load(
                             s, epoch, self._controller, self._policy, unloaded
@@ -269,18 +292,39 @@ class SwapRunner:
             raise OwnershipLost
         return snap
 
-    async def _unload_others(
-        self, order: SwapOrder, claim: _Claim, tally: _CacheTally
-    ) -> tuple[str, ...]:
-        """Unload every member but the target; in a capacity pool only the plan's evicts
-        (as the state names them, the target too when a loss left it unconfirmed; a
-        takeover in ``loading`` finds them confirmed gone), never a resident
-        (docs/adr/0008)."""
+    async def _to_unload(self, order: SwapOrder) -> tuple[str, ...]:
+        """Every member but the target; in a capacity pool only the plan's evicts (as the
+        state names them, the target too when a loss left it unconfirmed; a takeover in
+        ``loading`` finds them confirmed gone), never a resident (docs/adr/0008)."""
         snap = await self._still_owner(order)
         if self._policy.has_capacity:
-            others = list(snap.evicts)
-        else:
-            others = [m for m in self._policy.members if m != order.target]
+            return snap.evicts
+        return tuple(m for m in self._policy.members if m != order.target)
+
+    def _reads_slots(self, order: SwapOrder) -> bool:
+        return self._policy.busy_signal == BusySignal.LEASES_AND_SLOTS and not order.over_slots
+
+    async def _at_work(
+        self, order: SwapOrder, claim: _Claim, members: tuple[str, ...]
+    ) -> tuple[str, ...]:
+        """Under ``busySignal: leasesAndSlots``, the members of ``members`` whose
+        ``/slots`` answer that they are at work right now. One that does not answer is
+        unloaded: a member the swap evicts from service was read idle (fail closed) by
+        the decision that started it, and one out of service failed its health checks
+        or its unload already (``decisions/busy.py``, ``at_work``)."""
+        if not members or not self._reads_slots(order):
+            return ()
+        await self._still_owner(order)
+        pool = self._policy.name
+        async with claim.driving():
+            busy = await asyncio.gather(*(slots_busy(self._driver, m, pool) for m in members))
+        return tuple(m for m, b in zip(members, busy, strict=True) if b is True)
+
+    async def _unload_others(
+        self, order: SwapOrder, others: tuple[str, ...], claim: _Claim, tally: _CacheTally
+    ) -> tuple[str, ...]:
+        """Unload ``others`` (:meth:`_to_unload`), saving the slots of those that carry them."""
+        snap = await self._still_owner(order)
         async with claim.driving():
             await asyncio.gather(*(self._save_then_unload(m, snap, order, tally) for m in others))
         return tuple(others)
@@ -317,25 +361,29 @@ class SwapRunner:
         tally.add(report)
         self._outcomes.cache_step(report)
 
-    async def _unload_target_if_unwanted(self, order: SwapOrder, claim: _Claim) -> None:
+    async def _unload_target_if_unwanted(self, order: SwapOrder, claim: _Claim) -> tuple[str, ...]:
         """About to cancel for lack of demand (still ``unloading``: this swap has not begun
         the target's load): the target may hold memory all the same (a load left over from
         a controller that lost the store, a Redis that lost its state), so unload it while
-        still owning the swap. If demand arrives meanwhile, the load simply runs after all."""
+        still owning the swap, unless it is at work (returned, not unloaded). If demand
+        arrives meanwhile, the load simply runs after all."""
         snap = await self._store.snapshot()
         if snap.phase == Phase.LOADING:
-            return  # the target's load began (under an earlier owner): it runs to completion
+            return ()  # the target's load began (under an earlier owner): it runs to completion
         if not order.target or snap.forced or snap.live_waiters(order.target) > 0:
-            return
+            return ()
+        if busy := await self._at_work(order, claim, (order.target,)):
+            return busy
         await self._still_owner(order)
         async with claim.driving():
             await self._driver.unload(order.target, epoch=order.epoch)
+        return ()
 
     async def _fail(self, order: SwapOrder, reason: str, claim: _Claim, tally: _CacheTally) -> None:
         log.error(PoolOutcome.SWAP_FAILED, pool=self._policy.name, target=order.target,
                   epoch=order.epoch, reason=reason)  # fmt: skip
         await self._still_owner(order)
-        if order.target:
+        if order.target and not await self._at_work(order, claim, (order.target,)):
             try:
                 async with asyncio.timeout(UNLOAD_AFTER_FAILURE_TIMEOUT_S), claim.driving():
                     await self._driver.unload(order.target, epoch=order.epoch)
