@@ -131,7 +131,7 @@ class PoolMetrics:
         self.swaps_started = Counter(
             "hotseat_pool_swaps_started_total",
             "Swaps started by pool, target and reason (demand, swap_back, admin,"
-            " admin_unload, warm_default, idle_unload, return_to_default).",
+            " admin_unload, warm_default, preload, idle_unload, return_to_default).",
             ["pool", "to_member", "reason"],
             registry=registry,
         )

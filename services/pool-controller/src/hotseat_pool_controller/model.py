@@ -74,6 +74,9 @@ class PoolPolicy:
     """member -> the memory it holds while loaded (a capacity pool's members)."""
     pinned: frozenset[str] = frozenset()
     """Members kept resident: loaded at start, never evicted (a capacity pool's)."""
+    preload: tuple[str, ...] = ()
+    """Members loaded as a controller starts when they fit beside the residents, then
+    evicted like any other (a capacity pool's), in config order."""
 
     @property
     def has_capacity(self) -> bool:
@@ -110,6 +113,7 @@ class PoolPolicy:
             capacity_gib=pool.capacity.total_gib if pool.capacity else None,
             memory_gib={m.name: m.memory_gi_b for m in pool.members if m.memory_gi_b is not None},
             pinned=frozenset(m.name for m in pool.members if m.pinned),
+            preload=tuple(m.name for m in pool.members if m.preload),
         )
 
 

@@ -219,7 +219,7 @@ def _check_capacity(  # noqa: C901 - one refusal per case, each with its own pat
     capacity = pool.get("capacity")
     if not isinstance(capacity, Mapping):
         for j, member in members.items:
-            for key in ("memoryGiB", "pinned"):
+            for key in ("memoryGiB", "pinned", "preload"):
                 if member.get(key) not in (None, False):
                     yield ConfigIssue(
                         f"{members.path}[{j}].{key}",
@@ -271,6 +271,35 @@ def _check_capacity(  # noqa: C901 - one refusal per case, each with its own pat
             f"the default and pinned members ({names}) need {need:g} GiB together, more than"
             f" the pool's {total:g} GiB: they are all kept resident",
         )
+    yield from _check_preload(members, default, total, need)
+
+
+def _check_preload(
+    members: _Section, default: object, total: float, kept: float
+) -> Iterator[ConfigIssue]:
+    """``preload`` members are loaded at start beside the kept ones (default, pinned): a
+    kept member is loaded already, and a preload set that cannot fit beside them is
+    refused at the first member that overflows."""
+    need = kept
+    for j, member in members.items:
+        if member.get("preload") is not True:
+            continue
+        if member.get("pinned") is True or _name(member) == default:
+            yield ConfigIssue(
+                f"{members.path}[{j}].preload",
+                "the default and pinned members are loaded at start and kept already",
+            )
+            continue
+        size = _gib(member.get("memoryGiB"))
+        if size is None or size > total:
+            continue  # refused above
+        need += size
+        if need > total + 1e-9:
+            yield ConfigIssue(
+                f"{members.path}[{j}].preload",
+                f"the default, pinned and preload members up to this one need {need:g} GiB"
+                f" together, more than the pool's {total:g} GiB: it could not be preloaded",
+            )
 
 
 def _check_backend_pools(

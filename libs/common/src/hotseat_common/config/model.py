@@ -315,6 +315,10 @@ class PoolMember(_Model):
     pinned: bool = False
     """Keep the member resident: loaded at start, never evicted (a pool with ``capacity``
     only)."""
+    preload: bool = False
+    """Load the member when a controller starts, if it fits beside the residents without
+    evicting any; unlike ``pinned`` it may then be evicted or idle-unloaded, and is not
+    loaded again until a controller starts (a pool with ``capacity`` only)."""
     sim: SimMember | None = None
     """Sim settings (``driver.kind: sim``; optional)."""
     process: ProcessMember | None = None

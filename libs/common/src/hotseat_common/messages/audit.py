@@ -56,6 +56,8 @@ class SwapReason(StrEnum):
     ADMIN = "admin"
     ADMIN_UNLOAD = "admin_unload"
     WARM_DEFAULT = "warm_default"
+    PRELOAD = "preload"
+    """A capacity pool's ``preload`` member, loaded as a controller starts (docs/adr/0008)."""
     IDLE_UNLOAD = "idle_unload"
     """The resident served nothing for its ``idleUnloadAfter``; the pool stays cold."""
     RETURN_TO_DEFAULT = "return_to_default"
