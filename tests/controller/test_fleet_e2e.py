@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
+import pytest
 
 from hotseat.launcher import free_port
 from hotseat_sim.timeline import LedgerEvent
@@ -19,6 +20,10 @@ from tests.support.stack import Stack
 from tests.support.waiting import eventually
 
 Make = Callable[[dict[str, Any]], Stack]
+
+# Eight sims, a controller and up to three routers start per test: on a loaded two-core
+# host that alone can take a minute, past the suite's default bound.
+pytestmark = pytest.mark.timeout(300)
 
 POOLS = ("gpu0", "gpu1", "gpu2", "gpu3")
 SIM = {"loadSeconds": 0.3, "unloadSeconds": 0.1, "tokensPerSecond": 20, "slots": 8}
