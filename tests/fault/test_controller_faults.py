@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections import Counter
@@ -16,7 +17,7 @@ import redis.asyncio as aioredis
 
 from hotseat_common.keys import Keys
 from tests.fault.conftest import MakeFaultStack, StartProxy
-from tests.support.clients import chat
+from tests.support.clients import chat, live_stream
 from tests.support.faultproxy import DOWN, UP, seen
 from tests.support.faultstack import FaultStack
 from tests.support.stack import pool_stack_config
@@ -25,16 +26,23 @@ from tests.support.waiting import eventually
 pytestmark = pytest.mark.fault
 
 ROUNDS_PER_PHASE = 3
-"""Kills per swap phase in the controller-kill test (3 phases: 9 kills, about a minute)."""
+"""Kills per swap phase in the controller-kill test (3 phases: 9 kills, one to three
+minutes)."""
 
 
 def phases_config() -> dict[str, Any]:
-    """Unloads and loads slow enough that every phase can be caught and killed in."""
+    """Unloads and loads that the test holds in their phase (the sims' ``/control/hold``)
+    while it kills a controller in it."""
     return pool_stack_config(
         pool={"leaseTtl": "2s", "swapBudget": "30s"},
         judge={"loadSeconds": 0.8, "unloadSeconds": 0.5, "tokensPerSecond": 50},
         coder={"loadSeconds": 0.8, "unloadSeconds": 0.5, "tokensPerSecond": 50},
     )
+
+
+INCUMBENT_UNTIL_CANCELLED = 3000
+"""max_tokens of an incumbent stream that outlasts the test (a minute at 50 tokens/s): the
+test ends it by cancelling its client."""
 
 
 async def _phase(stack: FaultStack, phase: str) -> dict[str, str] | None:
@@ -46,12 +54,16 @@ def _load_epochs(timeline: list[Any]) -> list[int]:
     return [int(e.fields["epoch"]) for e in timeline if e.event == "load_start"]
 
 
+@pytest.mark.timeout(600)  # nine controller restarts: minutes on a loaded host
 async def test_controller_killed_in_every_swap_phase_never_makes_two_residents(
     make_stack: MakeFaultStack,
 ) -> None:
     """Two replicas; the swap's owner (or, while draining, a replica) is SIGKILLed in each
     phase, draining, unloading and loading, round after round: never two residents, the
-    pool converges on the requested member every time, and epochs strictly increase."""
+    pool converges on the requested member every time, and epochs strictly increase.
+    Each phase lasts until the test ends it, so the kill lands in it however slowly the
+    test gets there: draining until the incumbent's client leaves, unloading and loading
+    until the sim's hold on them is lifted."""
     stack = make_stack(phases_config())
     stack.start_sims()
     stack.start_controller("c1")
@@ -63,21 +75,28 @@ async def test_controller_killed_in_every_swap_phase_never_makes_two_residents(
     resident, other = "judge", "coder"
     rounds = [p for _ in range(ROUNDS_PER_PHASE) for p in ("draining", "unloading", "loading")]
     for i, phase in enumerate(rounds):
-        incumbent_stream = None
-        if phase == "draining":  # the incumbent must be busy for the pool to drain
-            incumbent_stream = asyncio.create_task(chat(url, resident, max_tokens=60))
-            await eventually(lambda r=resident: _leased(stack, r))
-        held = asyncio.create_task(chat(url, other))
-        state = await eventually(lambda p=phase: _phase(stack, p), timeout=15, interval=0.02)
-        victim = state.get("owner") or ("c1" if i % 2 else "c2")
-        stack.controllers[victim].kill()
-        restart = asyncio.create_task(asyncio.to_thread(stack.restart_controller, victim))
-        response = await held
-        assert response.status_code == 200, (phase, response.text)
-        assert response.headers["x-hotseat-backend"] == other, phase
-        if incumbent_stream is not None:
-            assert (await incumbent_stream).status_code == 200
-        await restart
+        async with contextlib.AsyncExitStack() as scope:
+            if phase == "draining":  # the incumbent must be busy for the pool to drain
+                incumbent = await scope.enter_async_context(
+                    live_stream(url, resident, INCUMBENT_UNTIL_CANCELLED)
+                )
+            else:
+                held_member = resident if phase == "unloading" else other
+                await stack.hold_sim(held_member, phase)
+            held = asyncio.create_task(chat(url, other))
+            state = await eventually(lambda p=phase: _phase(stack, p), timeout=30, interval=0.02)
+            victim = state.get("owner") or ("c1" if i % 2 else "c2")
+            stack.controllers[victim].kill()
+            restart = asyncio.create_task(asyncio.to_thread(stack.restart_controller, victim))
+            if phase == "draining":
+                assert not incumbent.done(), ("the incumbent ended while draining", phase)
+                incumbent.cancel()  # its client leaves: the pool drains
+            else:
+                await stack.hold_sim(held_member)
+            response = await held
+            assert response.status_code == 200, (phase, response.text)
+            assert response.headers["x-hotseat-backend"] == other, phase
+            await restart
         await stack.wait_resident(other)
         epochs.append(int((await stack.state_hash())["epoch"]))
         resident, other = other, resident
@@ -87,10 +106,6 @@ async def test_controller_killed_in_every_swap_phase_never_makes_two_residents(
     loads = _load_epochs(timeline)
     assert loads == sorted(loads), f"a load ran with an older epoch than one before: {loads}"
     assert verdict.loads >= len(rounds)
-
-
-async def _leased(stack: FaultStack, member: str) -> bool:
-    return int((await stack.pool())["leases"][member]) > 0
 
 
 async def test_racing_replicas_make_one_transition_at_a_time(

@@ -44,6 +44,7 @@ async def test_load_unload_lifecycle_and_health(start_sim: StartSim, slow_load) 
         "in_flight": 0,
         "epoch": None,
         "ledger_write_failures": 0,
+        "held": [],
     }
     health = await sim.http.get("/health")
     assert (health.status_code, health.json()) == (503, LOADING)
@@ -184,6 +185,27 @@ async def test_crash_fails_the_member_and_frees_its_memory(
     cleared = await sim.unload()
     assert (cleared.status_code, cleared.json()) == (200, {"state": "unloaded"})
     assert (await sim.state())["error"] is None
+
+
+async def test_a_held_phase_lasts_until_it_is_let_go(start_sim: StartSim, config) -> None:
+    """/control/hold: an unload (0.2 s) and a load (0.3 s) whose phase is held are still in
+    it when a long poll for their end times out a second later (the sim's own timers, in
+    order), and end once let go; a body that names another phase is refused."""
+    sim = await start_sim(config, "a", loaded=True)
+    held = await sim.http.post("/control/hold", json={"phases": ["unloading", "loading"]})
+    assert held.json()["held"] == ["loading", "unloading"]
+    assert (await sim.unload(epoch=1)).status_code == 202
+    still = await sim.http.get("/control/state", params={"until": "unloaded", "timeout": 1})
+    assert still.json()["state"] == "unloading"
+    await sim.http.post("/control/hold", json={"phases": ["loading"]})
+    await sim.wait_for_state("unloaded")
+    assert (await sim.load(epoch=1)).status_code == 202
+    still = await sim.http.get("/control/state", params={"until": "ready", "timeout": 1})
+    assert still.json()["state"] == "loading"
+    await sim.http.post("/control/hold", json={"phases": []})
+    assert (await sim.wait_for_state("ready"))["held"] == []
+    for bad in ({"phases": ["ready"]}, {"phases": "loading"}, {"phases": [{}]}, {}):
+        assert (await sim.http.post("/control/hold", json=bad)).status_code == 400, bad
 
 
 async def test_state_long_poll_waits_for_the_wanted_state(start_sim: StartSim, config) -> None:

@@ -124,6 +124,15 @@ class Stack:
             for p in [*self.routers, *self.controllers.values(), *self.sims.values()]
         )
 
+    async def hold_sim(self, member: str, *phases: str) -> None:
+        """``member``'s loads or unloads do not finish while their phase is among ``phases``
+        (the sim's ``/control/hold``); none: they end."""
+        async with httpx.AsyncClient(timeout=10) as client:
+            response = await client.post(
+                f"{self.sims[member].url}/control/hold", json={"phases": list(phases)}
+            )
+            response.raise_for_status()
+
     # --- observation ------------------------------------------------------------------
 
     @property

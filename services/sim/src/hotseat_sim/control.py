@@ -10,6 +10,8 @@
 - ``GET /control/state``: ``{"state", "pool", "member", "error", "in_flight", "epoch"}``;
   ``?until=ready,failed&timeout=10`` waits (long poll) until the state is one of those.
 - ``POST /control/crash`` ``{"reason": "..."}``: die out of band (fault tests).
+- ``POST /control/hold`` ``{"phases": ["unloading"]}``: loads or unloads do not finish
+  while their phase is held (fault tests act in the middle of one); ``[]`` lets them end.
 
 ``epoch`` may be omitted; one lower than the highest this sim has seen gets 409.
 """
@@ -21,7 +23,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from hotseat_sim.model_state import ControlResult, StaleEpoch
+from hotseat_sim.model_state import ControlResult, Phase, StaleEpoch
 from hotseat_sim.runtime import (
     BadRequest,
     JSONBody,
@@ -107,3 +109,22 @@ async def crash(request: Request, sim: Sim) -> Response:
         return invalid_request(str(exc))
     reason = command.get("reason")
     return _answer(await sim.model.crash(reason if isinstance(reason, str) else "crashed"))
+
+
+HOLDABLE = frozenset({Phase.LOADING, Phase.UNLOADING})
+
+
+@router.post("/hold", response_model=None)
+async def hold(request: Request, sim: Sim) -> Response:
+    """Fault injection: hold loads or unloads in their phase until told otherwise."""
+    try:
+        command = await _command(request)
+    except BadRequest as exc:
+        return invalid_request(str(exc))
+    phases = command.get("phases")
+    if not isinstance(phases, list) or not all(
+        isinstance(p, str) and p in HOLDABLE for p in phases
+    ):
+        return invalid_request("'phases' must be a list of 'loading' and 'unloading'")
+    sim.model.hold(frozenset(Phase(p) for p in phases))
+    return JSONBody(sim.model.snapshot())

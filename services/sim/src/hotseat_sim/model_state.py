@@ -115,6 +115,8 @@ class ModelState:
         self._admitted = 0
         self.generation = 0
         """Counts loads: slot caches of an earlier load are gone, as with a new process."""
+        self._held: frozenset[Phase] = frozenset()
+        self._held_changed = asyncio.Event()
 
     @property
     def phase(self) -> Phase:
@@ -141,6 +143,18 @@ class ModelState:
             except TimeoutError:
                 return
 
+    def hold(self, phases: frozenset[Phase]) -> None:
+        """Fault injection: a load or unload does not finish while its phase is held (its
+        ``loadSeconds`` or ``unloadSeconds`` pass, then it waits), so a test can act in the
+        middle of a phase however long it takes to get there; an empty set lets them end."""
+        self._held = phases
+        self._held_changed.set()
+        self._held_changed = asyncio.Event()
+
+    async def _while_held(self, phase: Phase) -> None:
+        while phase in self._held:
+            await self._held_changed.wait()
+
     @property
     def in_flight(self) -> int:
         return len(self._tickets)
@@ -155,6 +169,7 @@ class ModelState:
             "in_flight": self.in_flight,
             "epoch": self.epoch,
             "ledger_write_failures": self.ledger.write_failures if self.ledger else 0,
+            "held": sorted(phase.value for phase in self._held),
         }
 
     def _fence(self, epoch: int | None) -> None:
@@ -231,6 +246,7 @@ class ModelState:
 
     async def _finish_load(self, epoch: int | None) -> None:
         await asyncio.sleep(self.profile.sim.load_seconds)
+        await self._while_held(Phase.LOADING)
         if self.phase is Phase.LOADING and self._transition is asyncio.current_task():
             self.phase = Phase.READY
             self._transition = None
@@ -260,6 +276,7 @@ class ModelState:
 
     async def _finish_unload(self, epoch: int | None) -> None:
         await asyncio.sleep(self.profile.sim.unload_seconds)
+        await self._while_held(Phase.UNLOADING)
         if self.ledger is not None:
             try:
                 await self.ledger.release(reason="unload", epoch=epoch)
