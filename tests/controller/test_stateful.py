@@ -110,6 +110,7 @@ POLICY = PoolPolicy(
     waiter_grace_ms=3_600_000,
 )
 RELEARN_MS = 3_600_000
+STORE_TIMEOUT_S = 600.0
 ALLOWED_ERRORS = frozenset({"swap_failed", "pool_queue_full"})
 """Error answers the contract allows a waiting request: its swap failed, or the queue
 was full when it asked again."""
@@ -336,7 +337,10 @@ class ControllerMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.redis: aioredis.Redis = aioredis.from_url(self.redis_url, decode_responses=True)
-        self.link = RedisLink(RedisSettings(redis_url=self.redis_url))
+        # The link's own 2 s command timeout is a wall clock: a command that a loaded host
+        # delays past it would end a run differently from its replay (hypothesis reports
+        # that as flaky). What the store does when Redis is slow is not this machine's.
+        self.link = RedisLink(RedisSettings(redis_url=self.redis_url), timeout=STORE_TIMEOUT_S)
         self.store = PoolStore(self.link, Keys("p" + uuid.uuid4().hex[:10]), self.policy)
         self.gpu = SimGpu()
         self.driver = GatedDriver(self.gpu, self.serving)
