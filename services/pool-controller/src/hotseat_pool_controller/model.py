@@ -221,6 +221,10 @@ class SetState:
     fields: Mapping[str, str]
     bump: bool = True
 
+    def merged(self, more: SetState) -> SetState:
+        """This change and ``more`` in one write (``more`` wins a field both set)."""
+        return SetState({**self.fields, **more.fields}, bump=self.bump or more.bump)
+
 
 @dataclass(frozen=True, slots=True)
 class AddLease:

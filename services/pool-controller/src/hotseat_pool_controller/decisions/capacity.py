@@ -50,7 +50,7 @@ from hotseat_pool_controller.decisions.hold import (
     withdraw,
 )
 from hotseat_pool_controller.decisions.schedule import most_urgent, swap_s
-from hotseat_pool_controller.decisions.start import forget_cause, next_epoch, swap_id_of
+from hotseat_pool_controller.decisions.start import SwapStart, claim, forget_cause
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
     NOTHING,
@@ -63,11 +63,10 @@ from hotseat_pool_controller.model import (
     PoolPolicy,
     PoolSnapshot,
     Preconditions,
-    Reply,
     RevokeLeases,
     SwapOrder,
 )
-from hotseat_pool_controller.store.codec import KEEP, mark_used, set_state
+from hotseat_pool_controller.store.codec import mark_used, set_state
 
 EPSILON_GIB = 1e-9
 
@@ -179,38 +178,6 @@ def read_first(
 # --- starting a plan ----------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class PlanStart:
-    ops: tuple[Op, ...]
-    guard: Preconditions
-    order: SwapOrder
-    audit: AuditIntent
-
-    def decision(
-        self,
-        reply: Reply | None = None,
-        *,
-        also: tuple[Op, ...] = (),
-        pre: Preconditions | None = None,
-    ) -> Decision:
-        return Decision(
-            reply=reply,
-            ops=(*self.ops, *also),
-            pre=pre or self.guard,
-            swap=self.order,
-            audit=(self.audit,),
-        )
-
-    def wait_reply(self, snap: PoolSnapshot) -> WaitReply:
-        return WaitReply(
-            reason=WaitReason.SWAP_IN_FLIGHT,
-            target=self.order.target or None,
-            epoch=self.order.epoch,
-            retry_after_s=retry_after_s(snap),
-            swap_id=self.order.swap_id,
-        )
-
-
 def start_plan(
     snap: PoolSnapshot,
     policy: PoolPolicy,
@@ -220,37 +187,26 @@ def start_plan(
     reason: SwapReason | None = None,
     forced: bool = False,
     cause: str | None = None,
-) -> PlanStart:
+) -> SwapStart:
     """The plan in flight from now: its evicts leave the residency set (no new lease for
     them), under a new epoch owned by ``controller``, on the condition that the state did
     not move and the evicts still have no live lease. ``cause``: the request that starts
     it; by default, for a drain's target, the request that began the drain."""
-    epoch = next_epoch(snap)
-    swap_id = swap_id_of(policy.name, epoch)
-    if cause is None and plan.target is not None and plan.target == snap.target:
-        cause = snap.cause
     unload_only = plan.target is None
     # Members a failed plan or a loss left unconfirmed are unloaded by this one first (its
     # own target too: a member lost while stalled is stopped before it is loaded afresh).
     leftovers = tuple(m for m in snap.evicts if m not in plan.evicts)
     plan = Plan(plan.target, (*plan.evicts, *leftovers))
-    state = set_state(
-        phase=Phase.UNLOADING,
-        target=plan.target,
-        from_member=plan.evicts[0] if plan.evicts else None,
-        residents=snap.residents - set(plan.evicts),
-        evicts=plan.evicts,
-        epoch=epoch,
-        owner=controller,
-        heartbeat_ms=snap.now_ms + policy.heartbeat_ttl_ms,
-        started_ms=snap.now_ms,
-        deadline_ms=snap.now_ms + policy.swap_timeout_ms,
-        forced=forced or unload_only,
-        parked=unload_only and reason == SwapReason.ADMIN_UNLOAD,
-        closed=False,
-        swap_id=swap_id,
-        cause=forget_cause(snap),
-        loading_ms=None if snap.loading_ms else KEEP,
+    first = plan.evicts[0] if plan.evicts else None
+    started = claim(snap, policy, controller, plan.target, first, forced=forced, cause=cause)
+    epoch, swap_id = started.epoch, started.swap_id
+    state = started.state.merged(
+        set_state(
+            residents=snap.residents - set(plan.evicts),
+            evicts=plan.evicts,
+            parked=unload_only and reason == SwapReason.ADMIN_UNLOAD,
+            closed=False,
+        )
     )
     guard = Preconditions(version=snap.version, zero_leases=plan.evicts)
     audit = AuditIntent(
@@ -260,7 +216,7 @@ def start_plan(
         to_member=plan.target,
         epoch=epoch,
         reason=reason or plan.reason,
-        request_id=cause,
+        request_id=started.cause,
         evicts=plan.evicts,
         swap_id=swap_id,
     )
@@ -271,7 +227,7 @@ def start_plan(
         evicts=plan.evicts,
         swap_id=swap_id,
     )
-    return PlanStart((state,), guard, order, audit)
+    return SwapStart(state, guard, order, audit)
 
 
 # --- acquire ------------------------------------------------------------------------
@@ -357,7 +313,7 @@ def _behind_drain(  # noqa: PLR0917 - the acquire's own arguments, passed on
 
 
 def _hold_with(
-    snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy, start: PlanStart
+    snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy, start: SwapStart
 ) -> Decision:
     """Start the plan, and hold the request as a waiter for its member."""
     if (full := queue_full(snap, policy)) is not None:

@@ -43,6 +43,51 @@ def swap_id_of(pool: str, epoch: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Claim:
+    """What every swap (a capacity pool's plan too) writes when it starts: ``unloading``
+    under a new epoch, owned by the controller that decided it, with its heartbeat,
+    deadline and id; and the request that caused it."""
+
+    state: SetState
+    epoch: int
+    swap_id: str
+    cause: str | None
+
+
+def claim(
+    snap: PoolSnapshot,
+    policy: PoolPolicy,
+    controller: str,
+    target: str | None,
+    from_member: str | None,
+    *,
+    forced: bool,
+    cause: str | None,
+) -> Claim:
+    """``cause``: the request that starts the swap; by default, for a drain's target, the
+    request that began the drain."""
+    epoch = next_epoch(snap)
+    swap_id = swap_id_of(policy.name, epoch)
+    if cause is None and target is not None and target == snap.target:
+        cause = snap.cause
+    state = set_state(
+        phase=Phase.UNLOADING,
+        target=target,
+        from_member=from_member,
+        epoch=epoch,
+        owner=controller,
+        heartbeat_ms=snap.now_ms + policy.heartbeat_ttl_ms,
+        started_ms=snap.now_ms,
+        deadline_ms=snap.now_ms + policy.swap_timeout_ms,
+        forced=forced or target is None,
+        swap_id=swap_id,
+        cause=forget_cause(snap),
+        loading_ms=None if snap.loading_ms else KEEP,
+    )
+    return Claim(state, epoch, swap_id, cause)
+
+
+@dataclass(frozen=True, slots=True)
 class SwapStart:
     state: SetState
     guard: Preconditions
@@ -94,28 +139,11 @@ def start_swap(
     swap). ``guard_waiters``: the resident's waiters just after its commit count as
     busy (an admin action, which ignores waiters, passes False). ``cause``: the request
     that starts it; by default, for a drain's target, the request that began the drain."""
-    epoch = next_epoch(snap)
-    swap_id = swap_id_of(policy.name, epoch)
-    if cause is None and target is not None and target == snap.target:
-        cause = snap.cause
     unload_only = target is None
-    state = set_state(
-        phase=Phase.UNLOADING,
-        target=target,
-        from_member=snap.resident,
-        resident=snap.resident,
-        epoch=epoch,
-        owner=controller,
-        heartbeat_ms=snap.now_ms + policy.heartbeat_ttl_ms,
-        started_ms=snap.now_ms,
-        deadline_ms=snap.now_ms + policy.swap_timeout_ms,
-        forced=forced or unload_only,
-        parked=unload_only,
-        unhealthy=False,
-        relearn_ms=None,
-        swap_id=swap_id,
-        cause=forget_cause(snap),
-        loading_ms=None if snap.loading_ms else KEEP,
+    started = claim(snap, policy, controller, target, snap.resident, forced=forced, cause=cause)
+    epoch, swap_id = started.epoch, started.swap_id
+    state = started.state.merged(
+        set_state(resident=snap.resident, parked=unload_only, unhealthy=False, relearn_ms=None)
     )
     busy_guard = (snap.resident,) if snap.resident else ()
     # The resident's waiters count as busy only just after its commit (incumbent_busy);
@@ -135,7 +163,7 @@ def start_swap(
         to_member=target,
         epoch=epoch,
         reason=reason,
-        request_id=cause,
+        request_id=started.cause,
         swap_id=swap_id,
     )
     order = SwapOrder(target=target or "", epoch=epoch, from_member=snap.resident, swap_id=swap_id)
