@@ -490,9 +490,7 @@ class ControllerMachine(RuleBasedStateMachine):
         reply = decision.reply
         after = self.snapshot()
         if isinstance(reply, Granted):
-            assert after.resident == waiter.member, "granted a member that is not resident"
-            assert after.phase in {Phase.IDLE, Phase.DRAINING}
-            assert not after.unhealthy, "granted a member that fails its health checks"
+            self.assert_grantable(waiter.member, after)
             assert self.gpu.ready(waiter.member), f"granted {waiter.member}, GPU: {self.gpu.loaded}"
             known = self.leases.get(reply.lease_id)
             assert known is None or known.attempt == waiter.attempt, "an attempt got another's"
@@ -515,6 +513,12 @@ class ControllerMachine(RuleBasedStateMachine):
                 allowed.add("swap_failed")
             assert reply.code in allowed, (reply, waiters_seen)
             self.waiting.pop(waiter.attempt, None)
+
+    def assert_grantable(self, member: str, after: PoolSnapshot) -> None:
+        """A grant is for the store's resident, healthy and serving."""
+        assert after.resident == member, "granted a member that is not resident"
+        assert after.phase in {Phase.IDLE, Phase.DRAINING}
+        assert not after.unhealthy, "granted a member that fails its health checks"
 
     def assert_not_dead_on_arrival(self, waiter: Waiting) -> None:
         """A waiter's deadline is ahead of the store's clock when it is added (holds travel

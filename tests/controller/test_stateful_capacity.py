@@ -27,32 +27,24 @@ from hypothesis.stateful import invariant, rule
 from hotseat.launcher import Managed
 from hotseat_common.config.model import PoolActivation
 from hotseat_common.messages import (
-    AcquireRequest,
     ErrorReply,
-    Granted,
-    IncumbentBusyReply,
     PoolOutcome,
-    WaitReply,
 )
-from hotseat_pool_controller.decisions.acquire import decide_acquire
 from hotseat_pool_controller.decisions.admin import decide_admin_swap, decide_admin_unload
-from hotseat_pool_controller.decisions.busy import SlotsRead
 from hotseat_pool_controller.decisions.capacity import (
     decide_member_health,
     decide_member_lost,
 )
 from hotseat_pool_controller.decisions.recovery import decide_rebuild
 from hotseat_pool_controller.decisions.start import next_epoch
-from hotseat_pool_controller.model import AcquireAsk, Decision, Phase, PoolSnapshot
+from hotseat_pool_controller.model import Phase, PoolSnapshot
 from tests.controller.test_stateful import (
     MEMBERS,
     POLICY,
     RELEARN_MS,
     ControllerMachine,
     GatedDriver,
-    Held,
     SimGpu,
-    Waiting,
     _answer_and_release,
     _settle_swaps,
     run_to_quiescence,
@@ -117,48 +109,9 @@ class CapacityMachine(ControllerMachine):
             )
         )
 
-    def _ask(self, waiter: Waiting, controller: str) -> None:
-        self.n += 1
-        lease_id = f"L{self.n}"
-        request = AcquireRequest(
-            pool=POLICY.name,
-            member=waiter.member,
-            mode=waiter.mode,
-            attempt=waiter.attempt,
-            request_id=waiter.client,
-            router="r",
-            hold_s=600,
-        )
-
-        def decide(s: PoolSnapshot, busy: SlotsRead) -> Decision:
-            ask = AcquireAsk.of(request, now_ms=s.now_ms, lease_id=lease_id)
-            return decide_acquire(s, ask, self.policy, controller, slots_busy=busy)
-
-        decision = self.decide_busy(decide, waiter.attempt)
-        reply = decision.reply
-        after = self.snapshot()
-        if isinstance(reply, Granted):
-            assert waiter.member in after.residents, "granted a member not in the set"
-            assert waiter.member not in after.unwell, "granted a member that fails its checks"
-            assert self.gpu.ready(waiter.member), f"granted {waiter.member}, GPU: {self.gpu.loaded}"
-            known = self.leases.get(reply.lease_id)
-            assert known is None or known.attempt == waiter.attempt, "an attempt got another's"
-            self.leases[reply.lease_id] = Held(
-                waiter.member, waiter.attempt, waiter.client, reply.epoch
-            )
-            self.waiting.pop(waiter.attempt, None)
-        elif isinstance(reply, WaitReply):
-            self.waiting[waiter.attempt] = waiter
-        elif isinstance(reply, IncumbentBusyReply):
-            assert waiter.mode == PoolActivation.IF_IDLE, "a Wait request was skipped"
-            self.waiting.pop(waiter.attempt, None)
-        else:
-            assert isinstance(reply, ErrorReply), reply
-            allowed = waiter.may_fail | {"pool_queue_full"}
-            if waiter.member in self.failed:
-                allowed.add("swap_failed")
-            assert reply.code in allowed, reply
-            self.waiting.pop(waiter.attempt, None)
+    def assert_grantable(self, member: str, after: PoolSnapshot) -> None:
+        assert member in after.residents, "granted a member not in the set"
+        assert member not in after.unwell, "granted a member that fails its checks"
 
     @rule(member=st.sampled_from(MEMBERS), controller=st.sampled_from(["c1", "c2"]))
     def admin_swap(self, member: str, controller: str) -> None:
