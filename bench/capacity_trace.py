@@ -13,6 +13,8 @@ request picks its own member, the hardest case for either pool), 5 tokens a requ
 (2 s; ``--coder-gib``): the three small ones fit together, the coder only beside the
 embedder and the reranker (the GPU-sharing guide's example card).
 Target (issue 14): at least 3x fewer swaps and a lower p99 hold in the capacity pool.
+It also prints what the trace allows: the fewest loads any controller could do in the
+capacity pool, knowing the whole trace in advance (``fewest_loads``).
 
     .venv/bin/python bench/capacity_trace.py [--requests 300] [--seed 7]
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import random
 import signal
@@ -216,6 +219,30 @@ async def replay(fleet: Fleet, arrivals: list[Arrival], *, capacity: bool) -> Re
     return result
 
 
+def fewest_loads(arrivals: list[Arrival], capacity_gib: float) -> int:
+    """The fewest loads any controller could serve the trace with in a capacity pool
+    (first loads included), knowing the whole trace in advance and serving requests in
+    the order they arrive: the residency sets that fit, and the cheapest way from set to
+    set request by request (a member is loaded when it joins the set). A bound, not a
+    policy: no controller sees the future; holding requests to serve them out of order
+    can load less, at the price of their hold."""
+    names = list(MEMBERS)
+    sets = [
+        frozenset(chosen)
+        for size in range(len(names) + 1)
+        for chosen in itertools.combinations(names, size)
+        if sum(MEMBERS[m]["gib"] for m in chosen) <= capacity_gib
+    ]
+    unreachable = len(arrivals) * len(names) + 1
+    cost = {s: 0 if not s else unreachable for s in sets}
+    for arrival in arrivals:
+        cost = {
+            s: min(cost[p] + len(s - p) for p in sets) if arrival.member in s else unreachable
+            for s in sets
+        }
+    return min(cost.values())
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -246,6 +273,13 @@ async def main_async(args: argparse.Namespace) -> None:
     print(
         f"trace ({args.mix}): {len(arrivals)} requests over {arrivals[-1].at:.0f} s,"
         f" {counts}; GiB {sizes}"
+    )
+    changes = sum(1 for i, a in enumerate(arrivals) if i == 0 or a.member != arrivals[i - 1].member)
+    best = fewest_loads(arrivals, CAPACITY_GIB)
+    print(
+        f"bounds: {changes} changes of member in the trace (a one-resident pool loads at"
+        f" most once per change); a capacity pool serving in arrival order needs at least"
+        f" {best} loads (first loads included, even knowing the whole trace)"
     )
     with tempfile.TemporaryDirectory(prefix="hotseat-capacity-") as tmp:
         workdir = Path(tmp)
