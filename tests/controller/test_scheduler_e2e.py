@@ -25,6 +25,10 @@ from tests.support.waiting import eventually
 
 Make = Callable[[dict[str, Any]], Stack]
 
+JUDGE_UNTIL_CANCELLED = 1200
+"""max_tokens of a judge stream that outlasts any test (a minute at 20 tokens/s): the
+test ends it by cancelling its client."""
+
 
 def body(model: str, max_tokens: int = 1) -> dict[str, Any]:
     return {
@@ -204,14 +208,14 @@ async def test_a_higher_priority_waiter_is_swapped_in_first(make_stack: Make) ->
     stack = started(make_stack(three_members({})))
     url = stack.routers[0].url
     await stack.wait_resident("judge")
-    busy = asyncio.create_task(chat(url, "judge", max_tokens=40))  # 2 s at 20 tokens/s
-    await eventually(lambda: _leased(stack, "judge"))
-    low = asyncio.create_task(chat(url, "coder"))
-    await eventually(lambda: _queued(stack, "coder"))
-    high = asyncio.create_task(chat(url, "small", **{"x-hotseat-priority": "5"}))
-    await eventually(lambda: _queued(stack, "small"))
-    assert not busy.done(), "judge drained before both waited: the order says nothing"
-    for task in (busy, low, high):
+    async with live_stream(url, "judge", JUDGE_UNTIL_CANCELLED) as busy:
+        low = asyncio.create_task(chat(url, "coder"))
+        await eventually(lambda: _queued(stack, "coder"))
+        high = asyncio.create_task(chat(url, "small", **{"x-hotseat-priority": "5"}))
+        await eventually(lambda: _queued(stack, "small"))
+        assert not busy.done(), "judge's stream ended before both waited"
+        busy.cancel()  # judge drains now, with both waiting
+    for task in (low, high):
         assert (await task).status_code == 200
     order = [e["to_member"] for e in await swaps_started(stack) if e["reason"] != "warm_default"]
     assert order[:2] == ["small", "coder"], order
@@ -226,23 +230,19 @@ async def test_aging_lets_a_long_waiter_go_before_a_later_higher_priority(
     stack = started(make_stack(three_members({"priorityAging": "0.2s"})))
     url = stack.routers[0].url
     await stack.wait_resident("judge")
-    busy = asyncio.create_task(chat(url, "judge", max_tokens=100))  # 5 s
-    await eventually(lambda: _leased(stack, "judge"))
-    low = asyncio.create_task(chat(url, "coder"))
-    key = Keys(stack.prefix).pool_waiter_urgency("gpu0", "coder")
-    await eventually(lambda: _waited_ms(stack, key, 6 * 200))
-    high = asyncio.create_task(chat(url, "small", **{"x-hotseat-priority": "5"}))
-    await eventually(lambda: _queued(stack, "small"))
-    assert not busy.done(), "judge drained before both waited: the order says nothing"
-    for task in (busy, low, high):
+    async with live_stream(url, "judge", JUDGE_UNTIL_CANCELLED) as busy:
+        low = asyncio.create_task(chat(url, "coder"))
+        key = Keys(stack.prefix).pool_waiter_urgency("gpu0", "coder")
+        await eventually(lambda: _waited_ms(stack, key, 6 * 200))
+        high = asyncio.create_task(chat(url, "small", **{"x-hotseat-priority": "5"}))
+        await eventually(lambda: _queued(stack, "small"))
+        assert not busy.done(), "judge's stream ended before both waited"
+        busy.cancel()  # judge drains now, with both waiting
+    for task in (low, high):
         assert (await task).status_code == 200
     order = [e["to_member"] for e in await swaps_started(stack) if e["reason"] != "warm_default"]
     assert order[:2] == ["coder", "small"], order
     await stack.assert_invariants()
-
-
-async def _leased(stack: Stack, member: str) -> bool:
-    return (await stack.pool())["leases"].get(member, 0) > 0
 
 
 async def _waiting(stack: Stack, member: str) -> bool:
@@ -315,11 +315,6 @@ async def test_an_idle_resident_without_a_default_is_unloaded(make_stack: Make) 
     reasons = [e["reason"] for e in await swaps_started(stack)]
     assert reasons[-1] == "idle_unload", reasons
     await stack.assert_invariants()
-
-
-JUDGE_UNTIL_CANCELLED = 1200
-"""max_tokens of a judge stream that outlasts any test (a minute at 20 tokens/s): the
-test ends it by cancelling its client."""
 
 
 def keep_alive_config() -> dict[str, Any]:
