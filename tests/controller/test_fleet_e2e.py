@@ -16,6 +16,7 @@ import pytest
 from hotseat.launcher import free_port
 from hotseat_sim.timeline import LedgerEvent
 from tests.controller.test_capacity_e2e import chat
+from tests.support.clients import chat_body
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
 
@@ -172,6 +173,48 @@ async def test_requests_spread_over_the_warm_copies(make_stack: Make) -> None:
         ("gpu0", "resident_least_busy"): 2,
         ("gpu1", "resident_least_busy"): 2,
     }
+    await judged(stack)
+
+
+BURST_TOKENS = 1200
+"""max_tokens of a burst's streams: a minute at the sims' 20 tokens/s, so every lease of
+the burst is live until the test closes the streams."""
+
+
+async def test_a_burst_spreads_evenly_over_the_warm_copies(make_stack: Make) -> None:
+    """assistant warm on all four pools: as many requests at once as the copies have
+    slots get exactly ``slots`` each, every one placed resident_least_busy (the choice and
+    its count are one script, so requests placed at the same instant do not all see the
+    same counts)."""
+    slots = 3
+    defaults = dict.fromkeys(POOLS, "assistant")
+    stack = started(make_stack(fleet_config(defaults=defaults, slots=slots)))
+    await settle(stack, defaults)
+    url = stack.routers[0].url
+    burst = slots * len(POOLS)
+    done = asyncio.Event()
+    placements: list[tuple[str, str]] = []
+
+    async def one(client: httpx.AsyncClient) -> int:
+        body = chat_body("assistant", BURST_TOKENS, stream=True)
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+            if response.status_code == 200:
+                placements.append(placed(response))
+            await done.wait()
+            return response.status_code
+
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=burst)) as client:
+        tasks = [asyncio.create_task(one(client)) for _ in range(burst)]
+
+        async def answered() -> bool:
+            return len(placements) == burst or any(t.done() for t in tasks)
+
+        await eventually(answered, timeout=60)
+        done.set()
+        statuses = await asyncio.gather(*tasks)
+    assert statuses == [200] * burst
+    assert Counter(placements) == {(p, "resident_least_busy"): slots for p in POOLS}
+    assert not await swaps_to(stack, "assistant")
     await judged(stack)
 
 

@@ -241,6 +241,19 @@ def test_every_placement_keeps_the_rules(
         assert copies_now < max_copies
         assert placement.pool is not None
         assert live[placement.pool].placeable
+    if placement.take:
+        # A resident copy is chosen: the take chooses again among live resident copies
+        # only (with a free slot, unless every one is full), the read's choice among them.
+        assert placement.pool in placement.take
+        assert all(live[p].resident for p in placement.take if p in live)
+        assert set(placement.take) <= set(live)
+        if placement.room:
+            assert set(placement.take) == set(free_warm)
+    elif placement.reason in {
+        PlacementReason.RESIDENT_LEAST_BUSY,
+        PlacementReason.SESSION_AFFINITY,
+    }:
+        raise AssertionError(f"a resident copy chosen without a take: {placement}")
     if placement.reason == PlacementReason.BUSY:
         assert mode == IF_IDLE
         assert not any(c.resident or c.loading or c.placeable for c in live.values())

@@ -11,6 +11,10 @@ and names one pool:
 1. the session's copy, resident with a free slot (``session_affinity``);
 2. the resident copy with the fewest live leases among those with a free slot
    (``resident_least_busy``);
+
+   (1, 2 and 5 choose a resident copy from counts that concurrent placements may have
+   changed since the read: the placement names the copies to choose among, and the group
+   store's ``take`` chooses again and counts the request in one script.)
 3. a copy loading for the group with slots to spare (``joins_loading_copy``: single flight);
 4. fewer copies than ``maxCopies``: a load where no busy member is evicted, cheapest
    eviction first (``cold_cheapest_eviction``, or ``second_copy`` beside other copies);
@@ -155,6 +159,14 @@ class Placement:
     reason: PlacementReason
     claim: bool = False
     """The placement starts a copy: claimed first, so that concurrent demand joins it."""
+    take: tuple[str, ...] = ()
+    """A resident copy is chosen: the copies to choose among again, in the same script
+    that counts the request (the group store's ``take``), so that a burst placed at one
+    instant spreads as requests placed one after another do. ``pool`` is the choice the
+    read showed; the take may name another pool of ``take``."""
+    room: bool = True
+    """The take chooses only a copy with a free slot (fewest live leases, then most slots
+    free); ``False``: every copy is full, the one least over its slots."""
 
 
 def decide_placement(  # noqa: C901, PLR0911 - one answer per step of the ADR's order
@@ -196,10 +208,10 @@ def decide_placement(  # noqa: C901, PLR0911 - one answer per step of the ADR's 
         return Placement(placed, PlacementReason.KEPT)
     session = snap.session_pool
     if session in with_room:
-        return Placement(session, PlacementReason.SESSION_AFFINITY)
+        return Placement(session, PlacementReason.SESSION_AFFINITY, take=tuple(with_room))
     if with_room:
-        best = min(with_room, key=lambda p: (leases(p), -(slots(p) - leases(p)), p))
-        return Placement(best, PlacementReason.RESIDENT_LEAST_BUSY)
+        best = min(with_room, key=lambda p: (leases(p), leases(p) - slots(p), p))
+        return Placement(best, PlacementReason.RESIDENT_LEAST_BUSY, take=tuple(with_room))
     joinable = [p for p in loading if waiting(p) < slots(p)]
     if joinable:
         return Placement(
@@ -218,7 +230,9 @@ def decide_placement(  # noqa: C901, PLR0911 - one answer per step of the ADR's 
             return Placement(best, reason, claim=True)
     if resident:
         best = min(resident, key=lambda p: (leases(p) - slots(p), p))
-        return Placement(best, PlacementReason.RESIDENT_LEAST_BUSY)
+        return Placement(
+            best, PlacementReason.RESIDENT_LEAST_BUSY, take=tuple(resident), room=False
+        )
     if loading:
         return Placement(
             min(loading, key=lambda p: (waiting(p), p)), PlacementReason.JOINS_LOADING_COPY

@@ -28,6 +28,7 @@ from hotseat_pool_controller.decisions.placement import (
     CopyState,
     GroupMember,
     GroupPolicy,
+    Placement,
     copy_state,
     decide_placement,
 )
@@ -44,6 +45,9 @@ MAX_CLAIMS = 5
 SESSION_TTL_MS = 30 * 60 * 1000
 """How long a session's pool is remembered after its last turn."""
 BUSY_RETRY_AFTER_S = 1.0
+RESERVE_MS = 10_000
+"""A request counted on a copy by its placement, until its grant or hold is recorded:
+this long at most (a replica that dies in between)."""
 
 
 def group_policy(config: HotseatConfig, group: ModelGroup) -> GroupPolicy:
@@ -70,6 +74,50 @@ class GroupPlacer:
         self._stale_ms = stale_ms
 
     async def place(self, request: PlaceRequest) -> PlaceReply:
+        decided = await self._decide(request)
+        if isinstance(decided, PlaceReply):
+            return decided
+        pool, reason, reserved = decided
+        answers = self._pools.get(pool)
+        member = self.policy.on(pool)
+        if answers is None or member is None:
+            if reserved:
+                await self._counted(pool, request, None)
+            return PlaceReply(
+                reason=PlacementReason.NO_POOL,
+                reply=ErrorReply(code=ErrorCode.UNKNOWN_POOL, message=f"no pool {pool!r} here"),
+            )
+        if request.placed is not None and request.placed != pool:
+            await self._leave(request.placed, request.attempt)
+        try:
+            reply = await answers.acquire(
+                AcquireRequest(
+                    pool=pool,
+                    member=member.member,
+                    mode=request.mode,
+                    attempt=request.attempt,
+                    request_id=request.request_id,
+                    router=request.router,
+                    hold_s=request.hold_s,
+                    priority=request.priority,
+                )
+            )
+        except BaseException:
+            if reserved:
+                await self._counted(pool, request, None)
+            raise
+        if reserved or isinstance(reply, (Granted, WaitReply)):
+            await self._counted(pool, request, reply)
+        return PlaceReply(
+            pool=pool, member=member.member, backend=member.backend, reason=reason, reply=reply
+        )
+
+    async def _decide(
+        self, request: PlaceRequest
+    ) -> tuple[str, PlacementReason, bool] | PlaceReply:
+        """The pool, why, and whether the request is already counted there (a take); a
+        reply when no pool can serve it. A take that found every copy filled, or a claim
+        that lost its race, is decided again from a fresh read."""
         group = self.policy
         for _ in range(MAX_CLAIMS):
             snap = await self.store.read(request.session)
@@ -79,58 +127,54 @@ class GroupPlacer:
             pool = placement.pool
             if pool is None:
                 return _unplaced(placement.reason, group.name)
+            if placement.take:
+                taken = await self._take(request.attempt, placement)
+                if taken is not None:
+                    return taken[0], taken[1], True
+                continue
             answers = self._pools.get(pool)
             if not placement.claim or answers is None:
-                break
+                return pool, placement.reason, False
             if await self.store.claim(pool, snap.version, answers.policy.swap_timeout_ms):
-                break
-        else:
-            raise ConflictError(f"group {group.name}: every claim lost a race")
-        member = group.on(pool)
-        if answers is None or member is None:
-            return PlaceReply(
-                reason=PlacementReason.NO_POOL,
-                reply=ErrorReply(code=ErrorCode.UNKNOWN_POOL, message=f"no pool {pool!r} here"),
-            )
-        if request.placed is not None and request.placed != pool:
-            await self._leave(request.placed, request.attempt)
-        reply = await answers.acquire(
-            AcquireRequest(
-                pool=pool,
-                member=member.member,
-                mode=request.mode,
-                attempt=request.attempt,
-                request_id=request.request_id,
-                router=request.router,
-                hold_s=request.hold_s,
-                priority=request.priority,
-            )
-        )
+                return pool, placement.reason, False
+        raise ConflictError(f"group {group.name}: every placement lost a race")
+
+    async def _counted(self, pool: str, request: PlaceRequest, reply: object) -> None:
+        """The index counts a grant as a lease, a hold as a waiter, and anything else
+        (``None``: no answer) as nothing; the request's reservation ends in each case."""
         if isinstance(reply, Granted):
-            await self.store.record(
-                pool,
-                request.attempt,
-                lease_id=reply.lease_id,
-                ttl_ms=round(reply.ttl_s * 1000),
-                session=request.session,
-                session_ttl_ms=SESSION_TTL_MS,
+            lease_id: str | None = reply.lease_id
+            ttl_ms, session, session_ttl_ms = (
+                round(reply.ttl_s * 1000),
+                request.session,
+                SESSION_TTL_MS,
             )
         elif isinstance(reply, WaitReply):
-            await self.store.record(
-                pool,
-                request.attempt,
-                lease_id=None,
-                ttl_ms=round(request.hold_s * 1000),
-                session=None,
-                session_ttl_ms=0,
-            )
-        return PlaceReply(
-            pool=pool,
-            member=member.member,
-            backend=member.backend,
-            reason=placement.reason,
-            reply=reply,
+            lease_id, ttl_ms, session, session_ttl_ms = None, round(request.hold_s * 1000), None, 0
+        else:
+            lease_id, ttl_ms, session, session_ttl_ms = None, 0, None, 0
+        await self.store.record(
+            pool,
+            request.attempt,
+            lease_id=lease_id,
+            ttl_ms=ttl_ms,
+            session=session,
+            session_ttl_ms=session_ttl_ms,
         )
+
+    async def _take(self, attempt: str, placement: Placement) -> tuple[str, PlacementReason] | None:
+        """The resident copy chosen again from the live counts, and the request counted
+        there, in one script (exact spreading of a burst); ``None``: none has room now."""
+        prefer = placement.pool if placement.reason is PlacementReason.SESSION_AFFINITY else None
+        copies = [(m.pool, m.slots) for p in placement.take if (m := self.policy.on(p))]
+        taken = await self.store.take(
+            attempt, copies, room=placement.room, prefer=prefer, reserve_ms=RESERVE_MS
+        )
+        if taken is None:
+            return None
+        if taken == prefer:
+            return taken, PlacementReason.SESSION_AFFINITY
+        return taken, PlacementReason.RESIDENT_LEAST_BUSY
 
     async def _leave(self, pool: str, attempt: str) -> None:
         """A held request re-placed elsewhere leaves its first pool's waiters."""

@@ -48,17 +48,50 @@ return 1
 """
 )
 
+TAKE = LuaScript(
+    _NOW
+    + """
+-- KEYS: leases. ARGV: attempt, ms the reservation lasts, '1': only a copy with a free
+-- slot, the preferred pool ('' : none), then pool, slots pairs in the pools' name order.
+-- Counts the live leases (and reservations) per pool, chooses as decide_placement does
+-- (fewest leases, then most slots free; with no room: least over its slots; then the
+-- name), and reserves a lease entry '<pool> ~<attempt>' for the request.
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local count = {}
+for _, e in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local p = string.sub(e, 1, string.find(e, ' ', 1, true) - 1)
+  count[p] = (count[p] or 0) + 1
+end
+local room = ARGV[3] == '1'
+local best, k1, k2 = false, 0, 0
+for i = 5, #ARGV, 2 do
+  local p, s = ARGV[i], tonumber(ARGV[i + 1])
+  local n = count[p] or 0
+  if p == ARGV[4] and n < s then best = p; break end
+  if not room or n < s then
+    local a, b = n, n - s
+    if not room then a, b = n - s, 0 end
+    if not best or a < k1 or (a == k1 and b < k2) then best, k1, k2 = p, a, b end
+  end
+end
+if best then redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), best .. ' ~' .. ARGV[1]) end
+return best
+"""
+)
+
 RECORD = LuaScript(
     _NOW
     + """
 -- KEYS: leases, waiting, session (or a dummy). ARGV: pool, attempt, lease id ('' while
--- held), ms the lease or the hold lasts, session TTL ms (0: no session)
+-- held or refused), ms the lease or the hold lasts (0: refused), session TTL ms (0: no
+-- session). The attempt's reservation (take) ends in every case.
 local waiter = ARGV[1] .. ' ' .. ARGV[2]
+redis.call('ZREM', KEYS[1], ARGV[1] .. ' ~' .. ARGV[2])
 if ARGV[3] ~= '' then
   redis.call('ZREM', KEYS[2], waiter)
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[1] .. ' ' .. ARGV[3])
   if tonumber(ARGV[5]) > 0 then redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[5]) end
-else
+elseif tonumber(ARGV[4]) > 0 then
   redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), waiter)
 end
 return 1
@@ -159,6 +192,24 @@ class GroupStore:
         )
         return bool(done)
 
+    async def take(
+        self,
+        attempt: str,
+        copies: list[tuple[str, int]],
+        *,
+        room: bool,
+        prefer: str | None,
+        reserve_ms: int,
+    ) -> str | None:
+        """Choose among the resident ``copies`` (pool, slots) from the live counts and
+        count the request there (a reservation until its grant is recorded, or for
+        ``reserve_ms``) in one script; ``None``: none has room any more."""
+        args: list[str | int] = [attempt, reserve_ms, "1" if room else "0", prefer or ""]
+        for pool, slots in sorted(copies):
+            args += [pool, slots]
+        taken = await self.link.script(TAKE, keys=[self.keys.group_leases(self.group)], args=args)
+        return _text(taken) if taken else None
+
     async def record(
         self,
         pool: str,
@@ -169,8 +220,9 @@ class GroupStore:
         session: str | None,
         session_ttl_ms: int,
     ) -> None:
-        """A grant (the lease counted, the session remembered) or a hold (the waiter
-        counted until ``ttl_ms``)."""
+        """A grant (the lease counted, the session remembered), a hold (the waiter
+        counted until ``ttl_ms``) or a refusal (``ttl_ms`` 0: nothing counted); the
+        attempt's reservation ends in every case."""
         k, g = self.keys, self.group
         await self.link.script(
             RECORD,
