@@ -271,6 +271,20 @@ async def test_demand_above_one_copys_slots_starts_a_second_copy(make_stack: Mak
     assert third[0] != first[0]
     swaps = await swaps_to(stack, "assistant")
     assert sorted(s["pool"] for s in swaps) == sorted([first[0], third[0]])
+    # The router's hold metrics count them as static backends' holds, under the pools
+    # they were placed on; none is left counted as held.
+    holds = {
+        pool: await stack.metric(
+            0,
+            "hotseat_pool_hold_duration_seconds_count",
+            {"pool": pool, "member": "assistant", "result": "granted"},
+        )
+        for pool in POOLS
+    }
+    assert holds == {pool: Counter([first[0], second[0], third[0]])[pool] for pool in POOLS}
+    by_priority = await stack.metric(0, "hotseat_pool_hold_by_priority_seconds_count", {})
+    assert by_priority == len(responses)
+    assert await stack.metric(0, "hotseat_pool_held_requests", {}) == 0
     await judged(stack)
 
 

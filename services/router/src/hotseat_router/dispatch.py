@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from hotseat_common import tracing as spans
@@ -255,21 +256,23 @@ class Dispatcher:
             if b.pool
         ]
         budget = min(max(budgets, default=remaining), remaining)
-        started = time.monotonic()
         try:
-            async with asyncio.timeout(budget + ACQUIRE_GRACE_S):
-                ask = GroupAsk(
-                    group.name,
-                    route.activation,
-                    attempt,
-                    ctx.request_id,
-                    budget,
-                    priority=ctx.priority,
-                    session=session,
-                )
-                placed = await self._activation.place(
-                    ask, lambda reply: ctx.waits_for_swap(reply.swap_id, for_member=True)
-                )
+            # Held under the group's name until placed, observed under the pool placed on.
+            with self._holding(ctx, group.name, group.name) as hold:
+                async with asyncio.timeout(budget + ACQUIRE_GRACE_S):
+                    ask = GroupAsk(
+                        group.name,
+                        route.activation,
+                        attempt,
+                        ctx.request_id,
+                        budget,
+                        priority=ctx.priority,
+                        session=session,
+                    )
+                    placed = await self._activation.place(
+                        ask, lambda reply: ctx.waits_for_swap(reply.swap_id, for_member=True)
+                    )
+                hold.pool, hold.member = placed.lease.pool, placed.lease.member
         except TimeoutError as exc:
             raise ActivationTimeout(
                 f"group {group.name!r} was not placed within {budget:.0f}s"
@@ -292,8 +295,6 @@ class Dispatcher:
             tally.unavailable.append(exc.retry_after)
             log.warning("activation_unavailable", group=group.name, error=str(exc))
             return None
-        finally:
-            ctx.held_for(time.monotonic() - started)
         lease = placed.lease
         ctx.placed(lease.pool, lease.member, placed.reason.value)
         _leased(ctx, lease)
@@ -310,54 +311,56 @@ class Dispatcher:
         if remaining <= 0:
             raise DeadlineExceeded("the request deadline passed before a backend answered")
         budget = min(self._pool_budgets.get(pool, remaining), remaining)
-        held = self._metrics.held.labels(self._router, pool, member)
-        held.inc()
-        started = time.monotonic()
-        result = "granted"
         try:
-            async with asyncio.timeout(budget + ACQUIRE_GRACE_S):
-                return await self._acquire(
-                    ctx, route, attempt, pool=pool, member=member, budget=budget
-                )
+            with self._holding(ctx, pool, member):
+                async with asyncio.timeout(budget + ACQUIRE_GRACE_S):
+                    return await self._acquire(
+                        ctx, route, attempt, pool=pool, member=member, budget=budget
+                    )
         except TimeoutError as exc:
-            result = "timeout"
             raise ActivationTimeout(
                 f"pool {pool!r} did not make {member!r} resident within {budget:.0f}s"
             ) from exc
         except IncumbentBusy as exc:
-            result = "busy"
             self._audit.busy_skip(
                 ctx, backend=backend.name, pool=pool, member=member, reason=exc.code
             )
             tally.busy.append(exc.retry_after)
         except QueueFull as exc:
-            result = "queue_full"
             tally.queue_full.append(exc.retry_after)
-        except ActivationTimeout:
-            result = "timeout"
-            raise
         except SwapFailed as exc:
-            result = ErrorCode.SWAP_FAILED
             tally.failed += 1
             log.warning(ErrorCode.SWAP_FAILED, backend=backend.name, pool=pool, error=str(exc))
         except (ControllerUnavailable, UnknownPool) as exc:
-            result = "unavailable"
             tally.unavailable.append(exc.retry_after)
             log.warning("activation_unavailable", backend=backend.name, pool=pool, error=str(exc))
-        except BaseException:
-            result = "cancelled"
+        return None
+
+    @contextlib.contextmanager
+    def _holding(self, ctx: RequestContext, pool: str, member: str) -> Iterator[_Hold]:
+        """A request held for a lease, in the hold metrics: the held gauge under ``pool``
+        and ``member`` while it lasts, then its hold observed under the pool and member it
+        ended on (a model group's placement names them) with its result (``granted``
+        or what the exception that ended it tells)."""
+        held = self._metrics.held.labels(self._router, pool, member)
+        held.inc()
+        hold = _Hold(pool, member)
+        started = time.monotonic()
+        try:
+            yield hold
+        except BaseException as exc:
+            hold.result = _hold_result(exc)
             raise
         finally:
             held.dec()
             seconds = time.monotonic() - started
             ctx.held_for(seconds)
-            self._metrics.hold_by_priority.labels(self._router, pool, str(ctx.priority)).observe(
-                seconds
-            )
-            self._metrics.pool_hold.labels(self._router, pool, member, result).observe(
-                time.monotonic() - started
-            )
-        return None
+            self._metrics.hold_by_priority.labels(
+                self._router, hold.pool, str(ctx.priority)
+            ).observe(seconds)
+            self._metrics.pool_hold.labels(
+                self._router, hold.pool, hold.member, hold.result
+            ).observe(seconds)
 
     async def _acquire(
         self,
@@ -468,6 +471,30 @@ class Dispatcher:
         result = "ok" if response.status < 400 else "http_4xx"
         attempts.labels(self._router, backend.name, result).inc()
         return response
+
+
+@dataclass
+class _Hold:
+    """Where a hold is observed, and how it ended."""
+
+    pool: str
+    member: str
+    result: str = "granted"
+
+
+def _hold_result(exc: BaseException) -> str:
+    """The ``result`` label of a hold an exception ended."""
+    if isinstance(exc, (TimeoutError, ActivationTimeout)):
+        return "timeout"
+    if isinstance(exc, IncumbentBusy):
+        return "busy"
+    if isinstance(exc, QueueFull):
+        return "queue_full"
+    if isinstance(exc, SwapFailed):
+        return ErrorCode.SWAP_FAILED
+    if isinstance(exc, (ControllerUnavailable, UnknownPool)):
+        return "unavailable"
+    return "cancelled"
 
 
 _AGAIN = object()
