@@ -368,3 +368,113 @@ def test_the_swap_ends_unloading_nothing_when_its_own_read_finds_a_member_at_wor
     assert fields["evicts"] == "embedder,reranker"
     assert d.audit[0].outcome == PoolOutcome.SWAP_CANCELLED
     assert decide_unloads_refused(s, SLOTS, 7, "ctl-2", ("reranker",)) is None  # not ours
+
+
+# --- maxWait: closing the residents a waiter's plan needs (docs/adr/0008) --------------
+
+MAX_WAIT = replace(POLICY, max_wait_ms=5_000, min_residency_ms=2_000)
+
+
+def waiting_for_coder(waited_ms: int, **fields: object) -> PoolSnapshot:
+    """coder (20 GiB) waits, the pool draining toward it; assistant (6 GiB) serves."""
+    base: dict[str, object] = {
+        "phase": Phase.DRAINING,
+        "target": "coder",
+        "residents": frozenset({"assistant", "embedder"}),
+        "leases": {"assistant": 1},
+        "waiters": {"coder": 1},
+        "urgency": {"coder": NOW - waited_ms},
+        "loaded": {"assistant": LONG_AGO, "embedder": LONG_AGO},
+    }
+    base.update(fields)
+    return snap(**base)
+
+
+def test_max_wait_closes_the_busy_resident_the_waiters_plan_needs() -> None:
+    """Before maxWait nothing closes (sticky residency); at maxWait the tick closes the
+    cheapest set that makes room, the busy assistant included: the idle embedder alone
+    frees too little, and only enough members are closed."""
+    assert decide_tick(waiting_for_coder(4_999), MAX_WAIT, ME).ops == ()
+    assert decide_tick(waiting_for_coder(60_000), POLICY, ME).ops == ()  # no maxWait
+    d = decide_tick(waiting_for_coder(5_000), MAX_WAIT, ME)
+    assert state_of(d) == {"closing": "assistant"}
+    assert d.pre.version == 3
+    assert d.swap is None
+
+
+def test_the_waiter_closes_them_when_it_is_the_first_to_see_the_time_has_come() -> None:
+    d = decide_acquire(waiting_for_coder(6_000, attempt_waiting=True), ask("coder"), MAX_WAIT, ME)
+    assert isinstance(d.reply, WaitReply)
+    assert d.reply.reason == WaitReason.DRAINING
+    assert state_of(d) == {"closing": "assistant"}
+
+
+def test_a_resident_within_its_min_residency_is_not_closed() -> None:
+    young = waiting_for_coder(60_000, loaded={"assistant": NOW - 1_000, "embedder": LONG_AGO})
+    assert decide_tick(young, MAX_WAIT, ME).ops == ()
+    grown = replace(young, loaded={"assistant": NOW - 2_000, "embedder": LONG_AGO})
+    assert state_of(decide_tick(grown, MAX_WAIT, ME)) == {"closing": "assistant"}
+
+
+def test_pinned_and_default_members_are_never_closed() -> None:
+    pinned = replace(MAX_WAIT, pinned=frozenset({"assistant"}))
+    assert decide_tick(waiting_for_coder(60_000), pinned, ME).ops == ()
+    default = replace(MAX_WAIT, default="assistant")
+    assert decide_tick(waiting_for_coder(60_000), default, ME).ops == ()
+
+
+@pytest.mark.parametrize("mode", [WAIT, IF_IDLE])
+def test_a_closed_resident_takes_no_new_lease(mode: PoolActivation) -> None:
+    s = waiting_for_coder(6_000, closing=frozenset({"assistant"}))
+    d = decide_acquire(s, ask("assistant", mode), MAX_WAIT, ME)
+    if mode == WAIT:
+        assert isinstance(d.reply, WaitReply)
+        assert d.reply.reason == WaitReason.CLOSED
+        assert any(isinstance(op, AddWaiter) for op in d.ops)
+    else:
+        assert isinstance(d.reply, IncumbentBusyReply)
+    # The other residents are granted as before.
+    assert isinstance(decide_acquire(s, ask("embedder", mode), MAX_WAIT, ME).reply, Granted)
+
+
+def test_once_the_closed_resident_drained_the_plan_evicts_it_and_reopens_the_rest() -> None:
+    """Its own held waiters do not keep it (they wait for its swap back); the plan starts
+    with the closed set cleared."""
+    s = waiting_for_coder(
+        9_000,
+        leases={},
+        waiters={"coder": 1, "assistant": 2},
+        used={"assistant": NOW},
+        closing=frozenset({"assistant"}),
+    )
+    d = decide_tick(s, MAX_WAIT, ME)
+    assert d.swap is not None
+    assert d.swap.target == "coder"
+    assert d.swap.evicts == ("assistant",)
+    assert state_of(d)["closing"] == ""
+    assert set(d.pre.zero_leases) == {"assistant"}
+
+
+def test_the_closed_set_opens_when_the_drain_retargets_or_ends() -> None:
+    closed = waiting_for_coder(9_000, closing=frozenset({"assistant"}))
+    gone = decide_tick(replace(closed, waiters={}), MAX_WAIT, ME)
+    assert state_of(gone)["closing"] == ""
+    assert state_of(gone)["phase"] == "idle"
+    other = replace(
+        closed,
+        residents=frozenset({"embedder", "coder"}),
+        leases={},
+        waiters={"assistant": 1, "reranker": 1},
+        urgency={"assistant": NOW - 1_000, "reranker": NOW - 20_000},
+        target="assistant",
+    )
+    retargeted = decide_tick(other, MAX_WAIT, ME)
+    assert state_of(retargeted)["target"] == "reranker"
+    assert state_of(retargeted)["closing"] == ""
+
+
+def test_a_more_urgent_waiter_reaches_max_wait_sooner() -> None:
+    """Priority moves a waiter's virtual arrival earlier (docs/adr/0006): it counts as
+    having waited maxWait sooner, as in a one-resident pool."""
+    urgent = waiting_for_coder(1_000, urgency={"coder": NOW - 1_000 - 10_000})
+    assert state_of(decide_tick(urgent, MAX_WAIT, ME)) == {"closing": "assistant"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from hotseat.status_cli import format_pools
 from hotseat_common.messages import PoolView
 from hotseat_pool_controller.drivers.processgroup import read_pid_file
 from hotseat_sim.timeline import LedgerEntry, LedgerEvent
+from tests.controller.test_scheduler_e2e import endless_demand
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
 
@@ -453,3 +454,74 @@ async def test_under_leases_and_slots_a_member_at_work_without_a_lease_is_not_ev
         assert skipped.json()["error"]["code"] == "pool_incumbent_busy"
     assert [(await on_a).status_code, (await on_b).status_code] == [200, 200]
     await stack.judged_ledger()
+
+
+def answered_past(statuses: list[int], count: int) -> Callable[[], Awaitable[bool]]:
+    async def answered() -> bool:
+        return len(statuses) > count
+
+    return answered
+
+
+def max_wait_config(pool: Mapping[str, Any]) -> dict[str, Any]:
+    """chatty (16 GiB) and small (4 GiB) resident together; coder (16 GiB) fits only once
+    chatty is gone (small alone frees too little, and is not needed)."""
+    return capacity_config(
+        {"chatty": {"memoryGiB": 16}, "small": {"memoryGiB": 4}, "coder": {"memoryGiB": 16}},
+        pool=pool,
+    )
+
+
+async def test_without_max_wait_a_waiter_behind_endless_demand_is_held_to_its_budget(
+    make_stack: Make,
+) -> None:
+    """chatty always has a request in flight: without maxWait (sticky residency) a request
+    for coder is held to its budget and answered 503 pool_activation_timeout."""
+    stack = started(make_stack(max_wait_config({"swapBudget": "4s"})))
+    url = stack.routers[0].url
+    for member in ("chatty", "small"):
+        assert (await chat(url, member)).status_code == 200
+    await wait_residents(stack, {"chatty", "small"})
+    async with endless_demand(url, "chatty") as statuses:
+        held = await chat(url, "coder")
+    code = held.json()["error"]["code"] if held.status_code != 200 else None
+    assert (held.status_code, code) == (503, "pool_activation_timeout"), held.text
+    assert set(statuses) == {200}
+    assert (await stack.pool())["closing"] == []
+    await stack.assert_invariants()
+
+
+async def test_max_wait_closes_the_busy_resident_a_waiter_needs(make_stack: Make) -> None:
+    """The same endless demand with maxWait 1s: chatty is closed (new requests for it are
+    held, the router stops sharing its 15 s lease), drains, and is evicted for coder,
+    which is served; small, resident beside them and not needed, keeps serving and is
+    never unloaded; chatty's held requests are served after it comes back, none cut."""
+    pool = {"maxWait": "1s", "minResidency": "0s", "leaseTtl": "15s"}
+    stack = started(make_stack(max_wait_config(pool)))
+    url = stack.routers[0].url
+    for member in ("chatty", "small"):
+        assert (await chat(url, member)).status_code == 200
+    await wait_residents(stack, {"chatty", "small"})
+    async with endless_demand(url, "chatty") as statuses:
+        coder = asyncio.create_task(chat(url, "coder"))
+
+        async def chatty_closed() -> bool:
+            return (await stack.pool())["closing"] == ["chatty"]
+
+        await eventually(chatty_closed, timeout=30)
+        assert (await chat(url, "small")).status_code == 200  # not closed: granted at once
+        served = await coder
+        assert (served.status_code, served.headers.get("x-hotseat-backend")) == (200, "coder")
+        assert int(served.headers["x-hotseat-hold-ms"]) >= 1000  # it waited maxWait at least
+        # chatty's held requests, and new ones, are served once it is back.
+        await eventually(answered_past(statuses, len(statuses) + 2), timeout=60)
+    assert set(statuses) == {200}, statuses
+    ledger = await stack.judged_ledger()
+    assert events(ledger, LedgerEvent.UNLOAD_START, "small") == []
+    chatty_done = events(ledger, LedgerEvent.SERVE_END, "chatty")
+    coder_load = index(ledger, events(ledger, LedgerEvent.LOAD_START, "coder")[0])
+    last_before = [e for e in chatty_done if index(ledger, e) < coder_load]
+    assert last_before, "coder loaded before chatty drained"
+    started_events = [e for e in await stack.settled_audit() if e["outcome"] == "swap_started"]
+    to_coder = next(e for e in started_events if e["to_member"] == "coder")
+    assert (to_coder["reason"], to_coder["evicts"]) == ("evict_idle", "chatty")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from dataclasses import replace
 
+import pytest
 import redis.asyncio as aioredis
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -29,6 +31,10 @@ POLICY = PoolPolicy(
     busy_signal=BusySignal.LEASES,
     default=None,
 )
+CAPACITY = replace(POLICY, capacity_gib=8.0, memory_gib={"a": 4.0, "b": 4.0})
+"""A capacity pool (docs/adr/0008): a member of the set is granted unless unwell or
+closed by ``maxWait``."""
+SUBSETS = st.sampled_from(["", "a", "b", "a,b"])
 
 states = st.fixed_dictionaries(
     {
@@ -39,6 +45,9 @@ states = st.fixed_dictionaries(
         "held": st.booleans(),
         "waiting": st.booleans(),
         "leases": st.integers(0, 2),
+        "residents": SUBSETS,
+        "unwell": SUBSETS,
+        "closing": SUBSETS,
     }
 )
 
@@ -53,11 +62,18 @@ def _granting(member: str, *, leases: int) -> dict[str, object]:
         "held": False,
         "waiting": False,
         "leases": leases,
+        "residents": member,
+        "unwell": "",
+        "closing": "",
     }
 
 
-async def test_fast_grant_matches_decide_acquire(redis_server: Managed, link: RedisLink) -> None:
-    """For random states, the fast path grants exactly when decide_acquire grants afresh."""
+@pytest.mark.parametrize("policy", [POLICY, CAPACITY], ids=["one-resident", "capacity"])
+async def test_fast_grant_matches_decide_acquire(
+    redis_server: Managed, link: RedisLink, policy: PoolPolicy
+) -> None:
+    """For random states, the fast path grants exactly when decide_acquire grants afresh
+    (a capacity pool's states add its residency set, unwell and closed members)."""
     client: aioredis.Redis = aioredis.from_url(redis_server.url, decode_responses=True)
 
     @settings(max_examples=150, deadline=None)
@@ -73,7 +89,7 @@ async def test_fast_grant_matches_decide_acquire(redis_server: Managed, link: Re
     verdicts: Counter[bool] = Counter()
     try:
         for state in drawn:
-            store = PoolStore(link, Keys("f" + uuid.uuid4().hex[:8]), POLICY)
+            store = PoolStore(link, Keys("f" + uuid.uuid4().hex[:8]), policy)
             member = str(state["member"])
             if state["phase"] is not None:
                 await client.hset(
@@ -85,6 +101,15 @@ async def test_fast_grant_matches_decide_acquire(redis_server: Managed, link: Re
                         "store": await store_id(link),
                     },
                 )
+                if policy.has_capacity:
+                    await client.hset(
+                        store.keys.pool_state("gpu"),
+                        # It never writes the one resident of a one-resident pool.
+                        mapping={
+                            "resident": "",
+                            **{k: str(state[k]) for k in ("residents", "unwell", "closing")},
+                        },
+                    )
             for i in range(int(state["leases"])):  # type: ignore[call-overload]
                 await client.zadd(
                     store.keys.pool_leases("gpu", str(state["resident"]) or "a"), {f"x{i}": 2**50}
@@ -100,7 +125,7 @@ async def test_fast_grant_matches_decide_acquire(redis_server: Managed, link: Re
             snap = await store.snapshot("req")
             deadline = snap.now_ms + 1000
             ask = AcquireAsk(member, PoolActivation.IF_IDLE, "req", "client", "r", deadline, "new")
-            expected = decide_acquire(snap, ask, POLICY, "c")
+            expected = decide_acquire(snap, ask, policy, "c")
             fresh_grant = isinstance(expected.reply, Granted) and expected.reply.lease_id == "new"
             fast = await store.grant_if_resident(member, "new", "req", "r", request_id="client")
             assert (fast is not None) == fresh_grant, (state, snap, expected.reply, fast)

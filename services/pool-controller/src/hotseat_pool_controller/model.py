@@ -186,6 +186,11 @@ class PoolSnapshot:
     """A capacity pool's residents that fail their health checks while they serve."""
     used: Mapping[str, int] = field(default_factory=dict)
     """member -> when it was last loaded or last released its last lease (Redis clock)."""
+    loaded: Mapping[str, int] = field(default_factory=dict)
+    """member -> when a capacity pool's plan last loaded it (its commit; Redis clock)."""
+    closing: frozenset[str] = frozenset()
+    """A capacity pool's residents closed to new leases: another member waited
+    ``maxWait`` and they are what its plan must evict (docs/adr/0008)."""
 
     def live_leases(self, member: str | None) -> int:
         return self.leases.get(member, 0) if member else 0

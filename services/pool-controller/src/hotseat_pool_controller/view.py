@@ -79,6 +79,8 @@ def _capacity_view(
         leases={m: snap.live_leases(m) for m in policy.members},
         waiters={m: snap.live_waiters(m) for m in policy.members},
         relearning=snap.relearning,
+        closed=bool(snap.closing),
+        closing=sorted(snap.closing),
         queue=queue,
         queue_waited_s={
             m: round(max(0.0, (snap.now_ms - snap.urgency.get(m, snap.now_ms)) / 1000), 3)

@@ -199,16 +199,6 @@ def _capacity_gib(capacity: Mapping[str, Any]) -> float | None:
     return None if None in sizes else sum(s for s in sizes if s is not None)
 
 
-def _capacity_limits(path: str, pool: Mapping[str, Any]) -> Iterator[ConfigIssue]:
-    """What a capacity pool does not do yet (docs/adr/0008)."""
-    if pool.get("maxWait") is not None:
-        yield ConfigIssue(
-            f"{path}.maxWait",
-            "a pool with capacity does not close its residents for waiters yet (remove"
-            " maxWait, or capacity)",
-        )
-
-
 def _check_capacity(  # noqa: C901 - one refusal per case, each with its own path
     index: int, pool: Mapping[str, Any], members: _Section
 ) -> Iterator[ConfigIssue]:
@@ -236,7 +226,6 @@ def _check_capacity(  # noqa: C901 - one refusal per case, each with its own pat
             else "give gpuMemoryGiB or devices (a list of {name, memoryGiB})",
         )
         return
-    yield from _capacity_limits(path, pool)
     total = _capacity_gib(capacity)
     if total is None:
         return

@@ -173,5 +173,8 @@ class PoolStateChanged(WireModel):
     closed: bool | None = None
     """True when the resident takes no new request (``maxWait``): a router stops sharing
     its leases on it, so that new requests ask (and wait) instead."""
+    closing: list[str] | None = None
+    """A capacity pool's residents that take no new request (``maxWait``): the same for
+    each of them."""
     swap_id: str | None = None
     """The swap in flight (phases ``unloading`` and ``loading``)."""

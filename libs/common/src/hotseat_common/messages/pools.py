@@ -36,7 +36,11 @@ class PoolView(BaseModel):
     relearning: bool = False
     """The store lost its state and routers are renewing their leases back."""
     closed: bool = False
-    """The resident takes no new request: another member's waited ``maxWait``; it drains."""
+    """The resident takes no new request: another member's waited ``maxWait``; it drains.
+    A capacity pool: some of its residents do (``closing``)."""
+    closing: list[str] = []
+    """A capacity pool's residents that take no new request: another member waited
+    ``maxWait``, and they are what its load must evict; they drain (docs/adr/0008)."""
     queue: list[str] = []
     """Members with waiting requests, in the order they will be swapped in (most urgent
     first: arrival moved earlier by priority)."""

@@ -14,7 +14,10 @@ has a capacity.
   under ``busySignal: leasesAndSlots`` its ``/slots`` read idle), never pinned ones,
   cheapest first (expected reload time, then least recently used), and only as many as
   needed. If no idle set frees enough, the pool drains toward it: Wait holds, IfIdle is
-  told ``incumbent_busy`` at once.
+  told ``incumbent_busy`` at once. With ``maxWait``, once its most urgent waiter has
+  waited that long, the residents of the cheapest set that makes room (busy ones
+  included, once resident ``minResidency``) are closed: no new lease for them; they
+  drain, and the plan evicts them.
 - Never over capacity: the plan's evicts leave the set when it starts and are confirmed
   gone before its load begins; the load that starts fits beside the set.
 """
@@ -49,7 +52,12 @@ from hotseat_pool_controller.decisions.hold import (
     waiter_cap,
     withdraw,
 )
-from hotseat_pool_controller.decisions.schedule import most_urgent, swap_s
+from hotseat_pool_controller.decisions.schedule import (
+    most_urgent,
+    resident_long_enough,
+    swap_s,
+    waited_max_wait,
+)
 from hotseat_pool_controller.decisions.start import SwapStart, claim, forget_cause
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
@@ -66,7 +74,7 @@ from hotseat_pool_controller.model import (
     RevokeLeases,
     SwapOrder,
 )
-from hotseat_pool_controller.store.codec import mark_used, set_state
+from hotseat_pool_controller.store.codec import mark_loaded, set_state
 
 EPSILON_GIB = 1e-9
 
@@ -105,9 +113,12 @@ def member_idle(
 ) -> bool:
     """No live lease (nor any the store may be relearning), no ``/slots`` read busy, and
     no waiter that is re-asking right after it was loaded or used (a stray waiter of a
-    dead router, long after, does not pin it)."""
+    dead router, long after, does not pin it; nor does one held because ``maxWait``
+    closed the member: it waits for it to go and come back)."""
     if snap.serving(member) or busy_in_service(slots, member):
         return False
+    if member in snap.closing:
+        return True
     recently = snap.now_ms - snap.used.get(member, 0) < policy.waiter_grace_ms
     return not (snap.live_waiters(member) > 0 and recently)
 
@@ -119,17 +130,50 @@ def reload_cost_s(snap: PoolSnapshot, member: str) -> int:
     return math.ceil(swap_s(snap, member) or 0.0)
 
 
+def eviction_cost(snap: PoolSnapshot, member: str) -> tuple[int, int, str]:
+    """The order in which residents are evicted, cheapest first: the shortest expected
+    reload (:func:`reload_cost_s`), then least recently used."""
+    return (reload_cost_s(snap, member), snap.used.get(member, 0), member)
+
+
+def evictable(policy: PoolPolicy, member: str) -> bool:
+    """Never a pinned member, nor the default."""
+    return member not in policy.pinned and member != policy.default
+
+
 def eviction_order(
     snap: PoolSnapshot, policy: PoolPolicy, slots: SlotsRead = NOT_READ
 ) -> list[str]:
-    """The residents that may be evicted now, cheapest first: the shortest expected
-    reload (:func:`reload_cost_s`), then least recently used."""
+    """The residents that may be evicted now (idle, evictable), cheapest first."""
     candidates = [
-        m
-        for m in snap.residents
-        if m not in policy.pinned and m != policy.default and member_idle(snap, policy, m, slots)
+        m for m in snap.residents if evictable(policy, m) and member_idle(snap, policy, m, slots)
     ]
-    return sorted(candidates, key=lambda m: (reload_cost_s(snap, m), snap.used.get(m, 0), m))
+    return sorted(candidates, key=lambda m: eviction_cost(snap, m))
+
+
+def _free_beside_residents(snap: PoolSnapshot, policy: PoolPolicy) -> float:
+    return (policy.capacity_gib or 0.0) - sum(policy.gib(m) for m in snap.residents)
+
+
+def _enough(
+    policy: PoolPolicy, need: float, free: float, order: list[str]
+) -> tuple[str, ...] | None:
+    """The members of ``order`` taken in turn until ``need`` fits beside ``free``, then
+    sparing any taken early that the rest make unnecessary (a cheap member taken first may
+    be spared by a larger one); ``None`` when all of them are not enough."""
+    chosen: list[str] = []
+    for member in order:
+        chosen.append(member)
+        free += policy.gib(member)
+        if need <= free + EPSILON_GIB:
+            break
+    else:
+        return None
+    for member in list(chosen[:-1]):
+        if need <= free - policy.gib(member) + EPSILON_GIB:
+            chosen.remove(member)
+            free -= policy.gib(member)
+    return tuple(chosen)
 
 
 def make_plan(
@@ -147,23 +191,49 @@ def make_plan(
     # then no plan starts until it is idle.
     if any(at_work(slots, m) for m in snap.evicts):
         return None
-    free = (policy.capacity_gib or 0.0) - sum(policy.gib(m) for m in snap.residents)
+    free = _free_beside_residents(snap, policy)
     if need <= free + EPSILON_GIB:
         return Plan(target, ())
-    chosen: list[str] = []
-    for member in eviction_order(snap, policy, slots):
-        chosen.append(member)
-        free += policy.gib(member)
-        if need <= free + EPSILON_GIB:
-            break
-    else:
+    chosen = _enough(policy, need, free, eviction_order(snap, policy, slots))
+    return None if chosen is None else Plan(target, chosen)
+
+
+def closing_now(
+    snap: PoolSnapshot, policy: PoolPolicy, target: str, slots: SlotsRead = NOT_READ
+) -> frozenset[str] | None:
+    """``maxWait`` (docs/adr/0006, 0008): ``target`` does not fit beside the idle
+    residents, and its most urgent waiter has waited ``maxWait``: the pool closes the
+    residents of the cheapest set that makes room for it, busy ones included (those
+    closed already first, then the idle ones, then the busy ones, each by
+    :func:`eviction_cost`; only as many as needed). A busy member is a candidate once it
+    was resident its ``minResidency``, and not while the waiters it was loaded for are
+    re-asking. Returns the pool's closed set with them, ``None`` when nothing more closes
+    now (no ``maxWait``, not waited long enough, or no set frees enough yet)."""
+    if not waited_max_wait(snap, policy, target):
         return None
-    # Only as many as needed: a cheap member taken early may be spared by a larger one.
-    for member in list(chosen[:-1]):
-        if need <= free - policy.gib(member) + EPSILON_GIB:
-            chosen.remove(member)
-            free -= policy.gib(member)
-    return Plan(target, tuple(chosen))
+
+    def closable(member: str) -> bool:
+        if not evictable(policy, member):
+            return False
+        if member in snap.closing or member_idle(snap, policy, member, slots):
+            return True
+        since = snap.loaded.get(member, 0)
+        if snap.live_waiters(member) > 0 and snap.now_ms - since < policy.waiter_grace_ms:
+            return False
+        return resident_long_enough(snap, policy, since)
+
+    order = sorted(
+        (m for m in snap.residents if closable(m)),
+        key=lambda m: (
+            m not in snap.closing,
+            not member_idle(snap, policy, m, slots),
+            *eviction_cost(snap, m),
+        ),
+    )
+    chosen = _enough(policy, policy.gib(target), _free_beside_residents(snap, policy), order)
+    if chosen is None or set(chosen) <= snap.closing:
+        return None
+    return snap.closing | set(chosen)
 
 
 def read_first(
@@ -206,6 +276,7 @@ def start_plan(
             evicts=plan.evicts,
             parked=unload_only and reason == SwapReason.ADMIN_UNLOAD,
             closed=False,
+            closing=frozenset(),
         )
     )
     guard = Preconditions(version=snap.version, zero_leases=plan.evicts)
@@ -264,14 +335,26 @@ def decide_capacity_acquire(  # noqa: PLR0911, PLR0917 - one answer per case of 
     if plan is not None and (check := read_first(snap, policy, slots, plan)) is not None:
         return check
     if plan is None:
-        if ask.mode == PoolActivation.IF_IDLE:
-            return _busy(snap, ask)
-        also: tuple[Op, ...] = ()
-        if snap.phase != Phase.DRAINING or snap.target != member:
-            also = (set_state(phase=Phase.DRAINING, target=member, cause=ask.request_id),)
-        return hold(snap, ask, policy, WaitReason.DRAINING, target=member, also=also)
+        return _drain_toward(snap, ask, policy, slots)
     start = start_plan(snap, policy, controller, plan, cause=ask.request_id)
     return _hold_with(snap, ask, policy, start)
+
+
+def _drain_toward(
+    snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy, slots: SlotsRead
+) -> Decision:
+    """No idle set makes room for the member: IfIdle is told busy at once; Wait holds
+    while the pool drains toward it (and, once it waited ``maxWait``, the request closes
+    the residents its plan needs, when it is the first to see that the time has come)."""
+    if ask.mode == PoolActivation.IF_IDLE:
+        return _busy(snap, ask)
+    member = ask.member
+    also: tuple[Op, ...] = ()
+    if snap.phase != Phase.DRAINING or snap.target != member:
+        also = (set_state(phase=Phase.DRAINING, target=member, cause=ask.request_id),)
+    elif (closing := closing_now(snap, policy, member, slots)) is not None:
+        also = (set_state(closing=closing),)
+    return hold(snap, ask, policy, WaitReason.DRAINING, target=member, also=also)
 
 
 def _for_resident(
@@ -279,12 +362,15 @@ def _for_resident(
 ) -> Decision:
     """Granted at once, unless it stopped answering while it serves: IfIdle goes
     elsewhere, Wait holds until it answers again or is replaced (docs/adr/0005 point 4,
-    per member)."""
-    if ask.member not in snap.unwell:
+    per member); or unless ``maxWait`` closed it: IfIdle goes elsewhere, Wait holds for
+    its swap back."""
+    if ask.member not in snap.unwell and ask.member not in snap.closing:
         return grant
     if ask.mode == PoolActivation.IF_IDLE:
         return _busy(snap, ask)
-    return hold(snap, ask, policy, WaitReason.RECOVERING, target=ask.member)
+    if ask.member in snap.unwell:
+        return hold(snap, ask, policy, WaitReason.RECOVERING, target=ask.member)
+    return hold(snap, ask, policy, WaitReason.CLOSED, target=snap.target)
 
 
 def _behind_drain(  # noqa: PLR0917 - the acquire's own arguments, passed on
@@ -373,10 +459,22 @@ def decide_capacity_tick(  # noqa: PLR0911 - one move per state of the set
         if plan is not None:
             check = read_first(snap, policy, slots, plan)
             return check or start_plan(snap, policy, controller, plan).decision()
+        closing = closing_now(snap, policy, demand, slots)
         if snap.phase == Phase.IDLE:
             return Decision(
-                ops=(set_state(phase=Phase.DRAINING, target=demand, cause=forget_cause(snap)),),
+                ops=(
+                    set_state(
+                        phase=Phase.DRAINING,
+                        target=demand,
+                        cause=forget_cause(snap),
+                        closing=snap.closing if closing is None else closing,
+                    ),
+                ),
                 pre=Preconditions(version=snap.version),
+            )
+        if closing is not None:
+            return Decision(
+                ops=(set_state(closing=closing),), pre=Preconditions(version=snap.version)
             )
         return NOTHING
     if (warm := _warm(snap, policy, controller, slots)) is not None:
@@ -404,13 +502,17 @@ def _absent(snap: PoolSnapshot, policy: PoolPolicy) -> frozenset[str]:
 
 
 def _retarget(snap: PoolSnapshot, demand: str | None) -> Decision:
+    """Drain toward the most urgent absent member now, or, with none left, stop; the
+    members closed for the old target open again (a new one closes its own)."""
     if demand is not None:
         return Decision(
-            ops=(set_state(target=demand, cause=forget_cause(snap)),),
+            ops=(set_state(target=demand, cause=forget_cause(snap), closing=frozenset()),),
             pre=Preconditions(version=snap.version),
         )
     return Decision(
-        ops=(set_state(phase=Phase.IDLE, target=None, cause=forget_cause(snap)),),
+        ops=(
+            set_state(phase=Phase.IDLE, target=None, cause=forget_cause(snap), closing=frozenset()),
+        ),
         pre=Preconditions(version=snap.version, zero_waiters=(snap.target,) if snap.target else ()),
         audit=(
             AuditIntent.of_swap(
@@ -544,7 +646,7 @@ def commit_ops(snap: PoolSnapshot) -> tuple[Op, ...]:
     residents = snap.residents | ({snap.target} if snap.target else set())
     ops: list[Op] = [set_state(residents=residents)]
     if snap.target:
-        ops.append(mark_used(snap.target, snap.now_ms))
+        ops.append(mark_loaded(snap.target, snap.now_ms))
     return tuple(ops)
 
 
@@ -578,7 +680,10 @@ def decide_member_lost(
     evicts = snap.evicts if revoke else (*snap.evicts, member)
     ops: tuple[Op, ...] = (
         set_state(
-            residents=snap.residents - {member}, evicts=evicts, unwell=snap.unwell - {member}
+            residents=snap.residents - {member},
+            evicts=evicts,
+            unwell=snap.unwell - {member},
+            closing=snap.closing - {member},
         ),
     )
     if revoke:

@@ -56,6 +56,20 @@ def min_residency_ms(snap: PoolSnapshot, policy: PoolPolicy) -> int:
     return max(MIN_RESIDENCY_FLOOR_MS, int(MIN_RESIDENCY_SWAPS * measured * 1000))
 
 
+def waited_max_wait(snap: PoolSnapshot, policy: PoolPolicy, member: str) -> bool:
+    """``member``'s most urgent waiter has waited the pool's ``maxWait`` (by its virtual
+    arrival: a high priority waiter reaches it sooner); never without ``maxWait``."""
+    if policy.max_wait_ms is None:
+        return False
+    return snap.now_ms - snap.urgency.get(member, snap.now_ms) >= policy.max_wait_ms
+
+
+def resident_long_enough(snap: PoolSnapshot, policy: PoolPolicy, since_ms: int) -> bool:
+    """A member resident since ``since_ms`` has stayed its ``minResidency``: ``maxWait``
+    may close it for another member."""
+    return snap.now_ms - since_ms >= min_residency_ms(snap, policy)
+
+
 def closing_for(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
     """The member the resident must close for now (``maxWait``): the most urgent other
     member, once its most urgent waiter has waited ``maxWait``, the resident has been
@@ -66,10 +80,9 @@ def closing_for(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
     member = most_urgent(snap, excluding=snap.resident)
     if member is None or snap.resident is None:
         return None
-    waited = snap.now_ms - snap.urgency.get(member, snap.now_ms)
-    if waited < policy.max_wait_ms:
+    if not waited_max_wait(snap, policy, member):
         return None
-    if snap.now_ms - snap.committed_ms < min_residency_ms(snap, policy):
+    if not resident_long_enough(snap, policy, snap.committed_ms):
         return None
     if snap.live_waiters(snap.resident) > 0 and just_committed(snap, policy):
         # The requests it was swapped in for are re-asking right now: serve them first,

@@ -44,6 +44,7 @@ class Announcer:
             target=snap.target,
             reason=reason,
             closed=True if snap.closed else None,
+            closing=sorted(snap.closing) or None,
             swap_id=snap.swap_id if snap.phase in IN_FLIGHT else None,
         )
         try:

@@ -30,6 +30,9 @@ The ``state`` hash, per pool (docs/adr/0001 has the meaning of each field):
                serve (no new lease for them), comma-separated
     used.<m>   when member ``m`` was last loaded (the commit) or released its last lease
                (ms; the release script writes it, no ``version`` move)
+    loaded.<m> when a capacity pool's plan last loaded member ``m`` (ms; its commit)
+    closing    a capacity pool's residents closed to new leases (another member waited
+               ``maxWait``; its plan evicts them once they drain), comma-separated
 
 All times are on Redis's clock. A lease's record in ``lease-meta`` is the JSON object
 ``{member, attempt, request_id, router, epoch}`` (``adopted`` when a renewal wrote it back).
@@ -102,6 +105,7 @@ def set_state(
     residents: frozenset[str] | _Keep = KEEP,
     evicts: tuple[str, ...] | _Keep = KEEP,
     unwell: frozenset[str] | _Keep = KEEP,
+    closing: frozenset[str] | _Keep = KEEP,
     bump: bool = True,
 ) -> SetState:
     """A change of some fields of the pool state (named as :class:`PoolSnapshot` names
@@ -129,6 +133,7 @@ def set_state(
         "residents": KEEP if isinstance(residents, _Keep) else ",".join(sorted(residents)),
         "evicts": KEEP if isinstance(evicts, _Keep) else ",".join(evicts),
         "unwell": KEEP if isinstance(unwell, _Keep) else ",".join(sorted(unwell)),
+        "closing": KEEP if isinstance(closing, _Keep) else ",".join(sorted(closing)),
     }
     fields = {name: _encode(value) for name, value in values.items() if value is not KEEP}
     return SetState(fields, bump=bump)
@@ -140,6 +145,7 @@ def used_field(member: str) -> str:
 
 
 USED_PREFIX = "used."
+LOADED_PREFIX = "loaded."
 
 
 def _members(text: str | None) -> tuple[str, ...]:
@@ -149,6 +155,14 @@ def _members(text: str | None) -> tuple[str, ...]:
 def mark_used(member: str, now_ms: int) -> SetState:
     """Record that ``member`` was loaded or used just now (least recently used order)."""
     return SetState({used_field(member): str(now_ms)}, bump=False)
+
+
+def mark_loaded(member: str, now_ms: int) -> SetState:
+    """Record that ``member`` was loaded just now: used (least recently used order), and
+    resident since (``minResidency`` before ``maxWait`` may close it)."""
+    return SetState(
+        {used_field(member): str(now_ms), f"{LOADED_PREFIX}{member}": str(now_ms)}, bump=False
+    )
 
 
 def owned_by(epoch: int, controller: str) -> Mapping[str, str]:
@@ -246,6 +260,12 @@ def decode_snapshot(raw: Mapping[str, Any]) -> PoolSnapshot:
             for k, v in state.items()
             if k.startswith(USED_PREFIX) and v
         },
+        loaded={
+            k.removeprefix(LOADED_PREFIX): int(v)
+            for k, v in state.items()
+            if k.startswith(LOADED_PREFIX) and v
+        },
+        closing=frozenset(_members(state.get("closing"))),
     )
 
 

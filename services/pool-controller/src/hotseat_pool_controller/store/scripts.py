@@ -155,7 +155,7 @@ RENEW = (
 -- ARGV: lease id, ttl ms, member, lease epoch, attempt, request id, router, store id
 -- Returns {1, shareable} renewed (or adopted), {0} gone, {-1} cannot tell (state unknown).
 local st = redis.call('HMGET', KEYS[2], 'phase', 'resident', 'epoch', 'store', 'relearn',
-                      'unhealthy', 'closed', 'residents', 'unwell')
+                      'unhealthy', 'closed', 'residents', 'unwell', 'closing')
 -- A capacity pool's residency set (docs/adr/0008): its members are residents too.
 local in_set = string.find(',' .. (st[8] or '') .. ',', ',' .. ARGV[3] .. ',', 1, true) ~= nil
 -- A resident in doubt (unhealthy) or closed to new requests (maxWait): the router keeps
@@ -163,6 +163,7 @@ local in_set = string.find(',' .. (st[8] or '') .. ',', ',' .. ARGV[3] .. ',', 1
 local shareable = 1
 if st[2] == ARGV[3] and ((st[6] or '') ~= '' or (st[7] or '') ~= '') then shareable = 0 end
 if string.find(',' .. (st[9] or '') .. ',', ',' .. ARGV[3] .. ',', 1, true) then shareable = 0 end
+if string.find(',' .. (st[10] or '') .. ',', ',' .. ARGV[3] .. ',', 1, true) then shareable = 0 end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score and tonumber(score) > now then
   redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
@@ -279,13 +280,15 @@ GRANT_FAST = (
 -- Exactly the grant branch of decisions.acquire; anything else answers 0 and the
 -- caller takes the general path (snapshot, pure decision, compare-and-apply).
 local st = redis.call('HMGET', KEYS[1], 'phase', 'resident', 'epoch', 'unhealthy', 'store',
-                      'closed', 'residents', 'unwell')
--- A capacity pool (docs/adr/0008): a member of the residency set (and not unwell) is
--- granted in every phase (a plan loading another member takes nothing from it; the
--- members a plan evicts left the set when it started).
+                      'closed', 'residents', 'unwell', 'closing')
+-- A capacity pool (docs/adr/0008): a member of the residency set (and not unwell, nor
+-- closed by maxWait) is granted in every phase (a plan loading another member takes
+-- nothing from it; the members a plan evicts left the set when it started).
 local in_set = (st[7] or '') ~= ''
   and string.find(',' .. st[7] .. ',', ',' .. ARGV[1] .. ',', 1, true) ~= nil
-  and string.find(',' .. (st[8] or '') .. ',', ',' .. ARGV[1] .. ',', 1, true) == nil
+local shut = string.find(',' .. (st[8] or '') .. ',', ',' .. ARGV[1] .. ',', 1, true) ~= nil
+  or string.find(',' .. (st[9] or '') .. ',', ',' .. ARGV[1] .. ',', 1, true) ~= nil
+if in_set and shut then return {0} end
 if not in_set then
   if (st[1] ~= 'idle' and st[1] ~= 'draining') or st[2] ~= ARGV[1] then return {0} end
   if (st[4] or '') ~= '' or (st[6] or '') ~= '' then return {0} end

@@ -143,6 +143,8 @@ class NatsActivationClient:
         if event.closed and event.resident is not None:
             # New requests for a closed resident must ask the controller (and be held).
             self._leases.unshare_member(event.pool, event.resident)
+        for member in event.closing or ():
+            self._leases.unshare_member(event.pool, member)
         self._signal(event.pool).bump()
 
     async def _request(self, subject: str, message: WireModel, timeout: float) -> bytes:
