@@ -29,6 +29,7 @@ from tests.support.audit_trail import wait_consumed
 
 SWAP = "gpu0-1764768000123"
 OTHER = "gpu0-1764768009999"
+TURNED = "gpu0-1764768020000"
 
 
 def _request(
@@ -51,7 +52,8 @@ def _request(
 
 def swap_story() -> list[AuditEvent]:
     """One swap judge -> coder caused by ``req-cause`` and waited for by two more (one
-    timed out); another swap with its own waiter; requests of no swap."""
+    timed out); another swap with its own waiter; a third, still in flight, that turned
+    from coder to small before its load; requests of no swap."""
     at = T0 + timedelta(seconds=1)
     common = {"controller": "c1", "pool": "gpu0", "from_member": "judge", "to_member": "coder"}
     return [
@@ -88,6 +90,20 @@ def swap_story() -> list[AuditEvent]:
             pool="gpu0",
         ),
         _request("req-other", RequestOutcome.SERVED, 70, OTHER, status=200),
+        pool_event(
+            PoolOutcome.SWAP_STARTED,
+            at + timedelta(seconds=80),
+            reason="demand",
+            swap_id=TURNED,
+            **common,
+        ),
+        pool_event(
+            PoolOutcome.SWAP_RETARGETED,
+            at + timedelta(seconds=81),
+            reason="more_urgent",
+            swap_id=TURNED,
+            **{**common, "from_member": "coder", "to_member": "small"},
+        ),
         *request_events(3, start=T0 + timedelta(seconds=2)),
     ]
 
@@ -119,6 +135,7 @@ async def test_one_query_tells_a_swaps_cause_waiters_and_phases(
         report = (await client.get(f"/v1/swaps/{SWAP}")).json()
         missing = await client.get("/v1/swaps/gpu0-1")
         by_filter = (await client.get("/v1/events", params={"swap_id": OTHER})).json()
+        turned = (await client.get(f"/v1/swaps/{TURNED}")).json()
     assert (report["swap_id"], report["pool"], report["outcome"]) == (
         SWAP,
         "gpu0",
@@ -139,6 +156,13 @@ async def test_one_query_tells_a_swaps_cause_waiters_and_phases(
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "swap_not_found"
     assert [e["request_id"] for e in by_filter["events"] if e["kind"] == "request"] == ["req-other"]
+    # Retargeted before its load: the report names the member it loads now.
+    assert (turned["from_member"], turned["to_member"], turned["outcome"]) == (
+        "judge",
+        "small",
+        "in_flight",
+    )
+    assert [e["outcome"] for e in turned["events"]] == ["swap_started", "swap_retargeted"]
 
 
 async def test_hotseat_audit_swap_prints_the_story(

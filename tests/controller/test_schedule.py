@@ -13,6 +13,7 @@ from hotseat_common.messages import (
     Granted,
     IncumbentBusyReply,
     PoolOutcome,
+    RetargetReason,
     SwapReason,
     WaitReason,
     WaitReply,
@@ -20,11 +21,13 @@ from hotseat_common.messages import (
 from hotseat_pool_controller.decisions.acquire import decide_acquire
 from hotseat_pool_controller.decisions.busy import NOT_READ, incumbent_busy
 from hotseat_pool_controller.decisions.schedule import eta_s, min_residency_ms, ranked
-from hotseat_pool_controller.decisions.swap import decide_commit
+from hotseat_pool_controller.decisions.swap import decide_begin_load, decide_commit, retargeted_to
 from hotseat_pool_controller.decisions.tick import decide_tick
 from hotseat_pool_controller.model import (
+    NOTHING,
     AcquireAsk,
     AddWaiter,
+    ClearWaiters,
     Decision,
     Phase,
     PoolPolicy,
@@ -435,3 +438,79 @@ def test_the_estimate_counts_the_drain_target_ahead_of_it() -> None:
         member_swap_times={"coder": (8.0,), "embed": (2.0,)},
     )
     assert eta_s(s, "embed", NOW) == (10.0, 2)
+
+
+# --- a swap still unloading turns to a more urgent member -----------------------------
+
+
+def unloading_for_coder(**fields: object) -> PoolSnapshot:
+    """A swap from chat to coder, owned by ME at epoch 9, still unloading chat; coder's
+    request asked 100 ms ago, embed's (priority 5) 50 ms ago."""
+    base: dict[str, object] = {
+        "phase": Phase.UNLOADING,
+        "epoch": 9,
+        "owner": ME,
+        "target": "coder",
+        "from_member": "chat",
+        "swap_id": "gpu0-9",
+        "waiters": {"coder": 2, "embed": 1},
+        "urgency": {"coder": NOW - 100, "embed": NOW - 50 - 5 * POLICY.priority_aging_ms},
+    }
+    base.update(fields)
+    return snap(**base)
+
+
+def test_a_swap_still_unloading_is_retargeted_to_a_more_urgent_member() -> None:
+    """A higher priority waiter for embed came after the swap for coder began: right
+    before the load the swap takes embed as its target (same epoch and id, still
+    unloading, fenced on the claim and the target it read), audited from coder to embed;
+    coder's waiters are left held. Without ``retarget`` it loads coder."""
+    s = unloading_for_coder()
+    d = decide_begin_load(s, 9, ME, POLICY, retarget=True)
+    assert d is not None
+    assert state_of(d) == {"target": "embed"}
+    assert d.pre.state_equals == {
+        "epoch": "9",
+        "owner": ME,
+        "phase": "unloading",
+        "target": "coder",
+    }
+    (event,) = d.audit
+    assert (event.outcome, event.from_member, event.to_member, event.reason, event.swap_id) == (
+        PoolOutcome.SWAP_RETARGETED, "coder", "embed", RetargetReason.MORE_URGENT, "gpu0-9"
+    )  # fmt: skip
+    assert retargeted_to(d) == "embed"
+    assert not any(isinstance(op, ClearWaiters) for op in d.ops)
+    plain = decide_begin_load(s, 9, ME, POLICY)
+    assert plain is not None
+    assert state_of(plain)["phase"] == "loading"
+    assert retargeted_to(plain) is None
+    assert decide_begin_load(s, 8, ME, POLICY, retarget=True) is None  # not its claim
+
+
+def test_a_swap_keeps_its_target_unless_another_member_is_more_urgent() -> None:
+    """Kept: the other waiter came later with the same priority; the swap is forced (an
+    operator's); the more urgent member is in its failure backoff; a capacity pool's
+    plan; the load began already. A target whose demand left is cancelled as before."""
+    later = {"coder": NOW - 100, "embed": NOW - 50}
+    capacity = replace(POLICY, capacity_gib=24.0, memory_gib={"chat": 8, "coder": 8, "embed": 8})
+    for s, policy in (
+        (unloading_for_coder(urgency=later), POLICY),
+        (unloading_for_coder(forced=True), POLICY),
+        (unloading_for_coder(failures={"embed": 3_000}), POLICY),
+        (unloading_for_coder(), capacity),
+    ):
+        d = decide_begin_load(s, 9, ME, policy, retarget=True)
+        assert d is not None
+        assert retargeted_to(d) is None, s
+        assert state_of(d)["phase"] == "loading", s
+    assert (
+        decide_begin_load(unloading_for_coder(phase=Phase.LOADING), 9, ME, POLICY, retarget=True)
+        is NOTHING
+    )
+    gone = decide_begin_load(
+        unloading_for_coder(waiters={"embed": 1}), 9, ME, POLICY, retarget=True
+    )
+    assert gone is not None
+    (event,) = gone.audit
+    assert (event.outcome, event.reason) == (PoolOutcome.SWAP_CANCELLED, "demand_gone_before_load")

@@ -245,6 +245,47 @@ async def test_aging_lets_a_long_waiter_go_before_a_later_higher_priority(
     await stack.assert_invariants()
 
 
+async def _unloading_for(stack: Stack, target: str) -> dict[str, str] | None:
+    state = await stack.state_hash()
+    return state if (state.get("phase"), state.get("target")) == ("unloading", target) else None
+
+
+async def test_a_swap_still_unloading_turns_to_a_higher_priority_waiter(
+    make_stack: Make,
+) -> None:
+    """A swap for coder (priority 0) unloads judge, whose unload the test holds (the
+    sim's /control/hold); small's priority 5 request arrives meanwhile. Once judge is
+    gone the swap loads small instead (swap_retargeted from coder to small, same swap),
+    small is served first, and coder's request, held all along, is served by the next
+    swap."""
+    stack = started(make_stack(three_members({})))
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    await stack.hold_sim("judge", "unloading")
+    low = asyncio.create_task(chat(url, "coder"))
+    state = await eventually(lambda: _unloading_for(stack, "coder"))
+    high = asyncio.create_task(chat(url, "small", **{"x-hotseat-priority": "5"}))
+    await eventually(lambda: _queued(stack, "small"))
+    await stack.hold_sim("judge")  # judge's unload ends: the load that begins now is small's
+    served_high, served_low = await high, await low
+    assert served_high.status_code == 200, served_high.text
+    assert served_high.headers["x-hotseat-backend"] == "small"
+    assert served_high.headers["x-hotseat-swap-id"] == state["swap"]
+    assert served_low.status_code == 200, served_low.text
+    assert served_low.headers["x-hotseat-backend"] == "coder"
+    events = [e for e in await stack.settled_audit() if e["kind"] == "pool"]
+    swap = [e for e in events if e.get("swap_id") == state["swap"]]
+    assert [(e["outcome"], e["from_member"], e["to_member"]) for e in swap] == [
+        ("swap_started", "judge", "coder"),
+        ("swap_retargeted", "coder", "small"),
+        ("swap_completed", "judge", "small"),
+    ], swap
+    assert swap[1]["reason"] == "more_urgent"
+    completed = [e["to_member"] for e in events if e["outcome"] == "swap_completed"]
+    assert completed[-2:] == ["small", "coder"], completed
+    await stack.assert_invariants()
+
+
 async def _waiting(stack: Stack, member: str) -> bool:
     return (await stack.pool())["waiters"].get(member, 0) > 0
 

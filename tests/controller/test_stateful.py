@@ -327,6 +327,8 @@ class Waiting:
     client: str
     may_fail: set[str] = field(default_factory=set)
     """Error codes the contract allows this request (besides a full queue)."""
+    priority: int = 0
+    """A higher one may turn a swap still unloading toward its member (docs/adr/0006)."""
 
 
 class ControllerMachine(RuleBasedStateMachine):
@@ -477,6 +479,7 @@ class ControllerMachine(RuleBasedStateMachine):
             request_id=waiter.client,
             router="r",
             hold_s=600,
+            priority=waiter.priority or None,
         )
 
         waiters_seen: list[int] = []
@@ -533,11 +536,15 @@ class ControllerMachine(RuleBasedStateMachine):
         mode=st.sampled_from(list(PoolActivation)),
         controller=st.sampled_from(["c1", "c2"]),
         client=st.sampled_from(CLIENT_IDS),
+        priority=st.sampled_from([0, 0, 5]),
     )
-    def acquire(self, member: str, mode: PoolActivation, controller: str, client: str) -> None:
-        """A router asks; its wall clock may be anywhere (nothing of it is sent)."""
+    def acquire(
+        self, member: str, mode: PoolActivation, controller: str, client: str, priority: int = 0
+    ) -> None:
+        """A router asks; its wall clock may be anywhere (nothing of it is sent). A
+        priority 5 request may turn a swap still unloading toward its member."""
         self.n += 1
-        self._ask(Waiting(member, mode, f"q{self.n}", client), controller)
+        self._ask(Waiting(member, mode, f"q{self.n}", client, priority=priority), controller)
 
     @precondition(lambda self: self.waiting)
     @rule(data=st.data())
@@ -1092,4 +1099,28 @@ def test_a_swap_reads_the_slots_of_every_member_it_unloads(
         m.tick("c1")
         _settle_swaps(m)
         assert "a" in m.gpu.loaded, "a's traffic was cut"
+        m.quiesce()
+
+
+def test_a_swap_still_unloading_turns_to_a_more_urgent_member(
+    machine: type[ControllerMachine],
+) -> None:
+    """a resident and idle: b's request starts a swap; while it unloads, c's priority 5
+    request comes. Right before the load the swap takes c as its target: it unloads b too
+    (a member it did not unload as its target may hold memory) and loads c, never b;
+    b's request is still held, and served by a later swap."""
+    wait = PoolActivation.WAIT
+    with warm(machine) as m:  # a resident
+        m.acquire("b", wait, "c1", "client-1")
+        m.acquire("c", wait, "c1", "client-2", priority=5)
+        commands: list[tuple[str, str]] = []
+        while m.driver.pending:
+            command = m.driver.pending[0]
+            commands.append((command.kind, command.member))
+            m.step(command)
+            _checked(m)
+        assert commands[-2:] == [("unload", "b"), ("load", "c")], commands
+        assert ("load", "b") not in commands, commands
+        assert m.snapshot().resident == "c"
+        assert [w.member for w in m.waiting.values()] == ["b", "c"]  # c's asks again now
         m.quiesce()

@@ -120,6 +120,15 @@ OUTCOMES: dict[str, tuple[str, str]] = {
         "controller",
         "The demand for the target left before its load began; nothing was loaded.",
     ),
+    "swap_retargeted": (
+        "controller",
+        (
+            "A swap still unloading loads another member than it started for: right before "
+            "its load began, a more urgent member waited (`reason` `more_urgent`). "
+            "`from_member` is the target it had, `to_member` the one it loads; the same "
+            "`epoch` and `swap_id`. The first target's requests stay held for a later swap."
+        ),
+    ),
     "lease_expired": (
         "controller",
         (

@@ -32,6 +32,7 @@ ENDINGS = frozenset({
     PoolOutcome.SWAP_FAILED.value,
     PoolOutcome.SWAP_CANCELLED.value,
 })  # fmt: skip
+RETARGETED = PoolOutcome.SWAP_RETARGETED.value
 
 
 class SwapCause(BaseModel):
@@ -107,6 +108,11 @@ async def swap_report(store: AuditStore, swap_id: str) -> SwapReport | None:
     started = next((e for e in own if e.outcome == PoolOutcome.SWAP_STARTED), None)
     ended = next((e for e in reversed(own) if e.outcome in ENDINGS), None)
     about = started or ended or events[0]
+    # A swap retargeted before its load (docs/adr/0006) loads another member than it
+    # started for: the last event naming a target says which.
+    aimed = next(
+        (e for e in reversed(own) if e.outcome in ENDINGS or e.outcome == RETARGETED), None
+    )
     cause_id = started.request_id if started is not None else None
     cause_event = next((e for e in requests if cause_id and e.request_id == cause_id), None)
     total_ms = None
@@ -116,7 +122,7 @@ async def swap_report(store: AuditStore, swap_id: str) -> SwapReport | None:
         swap_id=swap_id,
         pool=about.pool,
         from_member=about.from_member,
-        to_member=about.to_member,
+        to_member=(aimed or about).to_member,
         outcome=ended.outcome if ended is not None else "in_flight",
         started=started.time if started is not None else None,
         ended=ended.time if ended is not None else None,

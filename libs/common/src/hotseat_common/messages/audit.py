@@ -41,8 +41,17 @@ class PoolOutcome(StrEnum):
     SWAP_COMPLETED = "swap_completed"
     SWAP_FAILED = ErrorCode.SWAP_FAILED.value
     SWAP_CANCELLED = "swap_cancelled"
+    SWAP_RETARGETED = "swap_retargeted"
     LEASE_EXPIRED = "lease_expired"
     RESIDENT_LOST = "resident_lost"
+
+
+class RetargetReason(StrEnum):
+    """Why a swap still unloading changed its target: the ``reason`` of its
+    ``swap_retargeted`` event (docs/adr/0006)."""
+
+    MORE_URGENT = "more_urgent"
+    """A member whose waiter ranks ahead of the target's (priority, aging) waits now."""
 
 
 class SwapReason(StrEnum):

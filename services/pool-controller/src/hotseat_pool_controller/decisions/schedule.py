@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from hotseat_pool_controller.decisions.busy import just_committed
-from hotseat_pool_controller.model import IN_FLIGHT, SERVING, PoolPolicy, PoolSnapshot
+from hotseat_pool_controller.model import IN_FLIGHT, SERVING, Phase, PoolPolicy, PoolSnapshot
 
 MIN_RESIDENCY_FLOOR_MS = 1000
 MIN_RESIDENCY_SWAPS = 2
@@ -45,6 +45,27 @@ def most_urgent(
 ) -> str | None:
     order = ranked(snap, excluding=excluding, among=among)
     return order[0] if order else None
+
+
+def retarget_for(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
+    """The member a one-resident pool's swap, still unloading, loads instead of its
+    target: the most urgent waiting member, when its most urgent waiter ranks strictly
+    ahead of the target's (a request of higher priority came after the swap began);
+    ``None``: the swap keeps its target. A forced or unload-only swap keeps it (an
+    operator named it), a target whose demand left is cancelled instead, a member in its
+    failure backoff is passed over, and a capacity pool's plan keeps its target (its
+    evicts were chosen to make room for that one)."""
+    target = snap.target
+    if policy.has_capacity or snap.phase != Phase.UNLOADING or snap.forced or target is None:
+        return None
+    if snap.live_waiters(target) == 0:
+        return None
+    own = snap.urgency.get(target, snap.now_ms)
+    for member in ranked(snap, excluding=target):
+        if snap.failures.get(member, 0) > 0:
+            continue
+        return member if snap.urgency.get(member, snap.now_ms) < own else None
+    return None
 
 
 def min_residency_ms(snap: PoolSnapshot, policy: PoolPolicy) -> int:

@@ -4,8 +4,9 @@ swap whose demand left before it), commit the target, or fail. Each step answers
 
 from __future__ import annotations
 
-from hotseat_common.messages import PoolOutcome
+from hotseat_common.messages import PoolOutcome, RetargetReason
 from hotseat_pool_controller.decisions.capacity import commit_ops, evicts_left, plan_failed_state
+from hotseat_pool_controller.decisions.schedule import retarget_for
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
     NOTHING,
@@ -50,13 +51,21 @@ def decide_begin_load(
     controller: str,
     policy: PoolPolicy | None = None,
     unloaded: tuple[str, ...] = (),
+    *,
+    retarget: bool = False,
 ) -> Decision | None:
     """After the unloads: load the target, or cancel if its demand is gone. In a capacity
-    pool (``policy`` says) the evicts confirmed gone (``unloaded``) stop being counted."""
+    pool (``policy`` says) the evicts confirmed gone (``unloaded``) stop being counted.
+    With ``retarget``, a swap whose target a more urgent member now outranks
+    (``retarget_for``) takes that member as its target instead and stays ``unloading``
+    (``swap_retargeted``): its owner unloads the old target too, then asks again; the
+    old target's waiters stay held for a later swap."""
     if not _owns(snap, epoch, controller):
         return None
     if snap.phase == Phase.LOADING:
         return NOTHING  # taken over mid-load: the load that started runs to completion
+    if retarget and policy is not None and (moved := retarget_for(snap, policy)) is not None:
+        return _retargeted(snap, epoch, controller, moved)
     capacity = policy is not None and policy.has_capacity
     if snap.target is not None and not snap.forced and snap.live_waiters(snap.target) == 0:
         left = set_state(evicts=evicts_left(snap, unloaded))
@@ -84,6 +93,40 @@ def decide_begin_load(
         ops=(set_state(phase=Phase.LOADING, loading_ms=snap.now_ms),),
         pre=_still_owned(epoch, controller),
     )
+
+
+def _retargeted(snap: PoolSnapshot, epoch: int, controller: str, member: str) -> Decision:
+    """The swap loads ``member`` instead of its target (same epoch, id and owner): fenced
+    on the claim, the phase and the target it read."""
+    return Decision(
+        ops=(set_state(target=member),),
+        pre=Preconditions(
+            state_equals={
+                **owned_by(epoch, controller),
+                "phase": Phase.UNLOADING.value,
+                "target": snap.target or "",
+            }
+        ),
+        audit=(
+            AuditIntent(
+                PoolOutcome.SWAP_RETARGETED,
+                member=member,
+                from_member=snap.target,
+                to_member=member,
+                epoch=epoch,
+                reason=RetargetReason.MORE_URGENT,
+                swap_id=snap.swap_id,
+            ),
+        ),
+    )
+
+
+def retargeted_to(decision: Decision) -> str | None:
+    """The member a ``decide_begin_load`` decision retargeted its swap to, if it did."""
+    for intent in decision.audit:
+        if intent.outcome == PoolOutcome.SWAP_RETARGETED:
+            return intent.to_member
+    return None
 
 
 def decide_unloads_refused(  # noqa: PLR0917 - the step's own arguments

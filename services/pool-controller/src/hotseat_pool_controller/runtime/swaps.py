@@ -48,6 +48,7 @@ from hotseat_pool_controller.decisions.swap import (
     decide_fail,
     decide_heartbeat,
     decide_unloads_refused,
+    retargeted_to,
 )
 from hotseat_pool_controller.drivers.base import (
     NOT_RUNNING,
@@ -235,25 +236,16 @@ class SwapRunner:
                         unloaded = await self._unload_others(order, others, claim, tally)
                         busy = await self._unload_target_if_unwanted(order, claim)
                     if busy:
-                        await self._step(
-                            lambda s: decide_unloads_refused(
-                                s, self._policy, epoch, self._controller, busy, unloaded
-                            ),
-                            "busy",
-                            tally,
-                        )
+                        await self._refuse(order, busy, unloaded, tally)
                         result = "cancelled"
                         return result
-                    decision = await self._step(
-                        lambda s: decide_begin_load(
-                            s, epoch, self._controller, self._policy, unloaded
-                        ),
-                        "loading",
-                        tally,
-                    )
-                    if decision.audit:  # cancelled: the demand left before the load began
+                    began = await self._begin_load(order, claim, tally, unloaded)
+                    if isinstance(began, tuple):  # the old target of a retarget is at work
+                        await self._refuse(order, began, unloaded, tally)
+                    if not isinstance(began, SwapOrder):  # or the demand left before the load
                         result = "cancelled"
                         return result
+                    order = began
                     if order.target:
                         await self._still_owner(order)
                         with self._driving(spans.DRIVER_LOAD_SPAN, order.target, order):
@@ -284,6 +276,48 @@ class SwapRunner:
                      swap_id=order.swap_id, result=result,
                      seconds=round(time.monotonic() - started, 3))  # fmt: skip
         return result
+
+    async def _refuse(
+        self, order: SwapOrder, busy: tuple[str, ...], unloaded: tuple[str, ...], tally: _CacheTally
+    ) -> None:
+        """``busy`` was found at work right before its unload: the swap ends there."""
+        await self._step(
+            lambda s: decide_unloads_refused(
+                s, self._policy, order.epoch, self._controller, busy, unloaded
+            ),
+            "busy",
+            tally,
+        )
+
+    async def _begin_load(
+        self, order: SwapOrder, claim: _Claim, tally: _CacheTally, unloaded: tuple[str, ...]
+    ) -> SwapOrder | tuple[str, ...] | None:
+        """Move to ``loading``, or retarget first (docs/adr/0006): while a more urgent
+        member outranks the target, the swap takes it as its target, and the old target,
+        which may hold memory (a load left over from a controller that lost the store), is
+        unloaded like every other member before anything loads. Returns the order to load
+        (its target the one the state now names), ``None`` when the swap was cancelled,
+        or the old target when it was found at work (nothing loads)."""
+        epoch, turns = order.epoch, len(self._policy.members)
+        for turn in range(turns):
+
+            def begin(snap: PoolSnapshot, retarget: bool = turn < turns - 1) -> Decision | None:
+                # Bounded: at the last turn it loads whatever the target is then.
+                return decide_begin_load(
+                    snap, epoch, self._controller, self._policy, unloaded, retarget=retarget
+                )
+
+            decision = await self._step(begin, "loading", tally)
+            moved = retargeted_to(decision)
+            if moved is None:
+                return None if decision.audit else order
+            old, order = order.target, replace(order, target=moved)
+            log.info("swap_retargeted", pool=self._policy.name, epoch=epoch,
+                     swap_id=order.swap_id, old=old, target=moved)  # fmt: skip
+            if busy := await self._at_work(order, claim, (old,)):
+                return busy
+            await self._unload_others(order, (old,), claim, tally)
+        return order
 
     async def _still_owner(self, order: SwapOrder) -> PoolSnapshot:
         """The pool read just now; :class:`OwnershipLost` unless the swap is still ours."""
