@@ -30,11 +30,15 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def _residents(p: PoolView) -> str:
-    """The resident, or a capacity pool's residents and its free memory."""
+    """The resident, or a capacity pool's residents (``[preload]`` on those the controller
+    preloaded), its free memory, and the preload members it has still to load."""
     if p.capacity_gib is None:
         return p.resident or "-"
-    names = ",".join(p.residents) or "-"
-    return f"{names} ({p.free_gib or 0:g} of {p.capacity_gib:g} GiB free)"
+    names = ",".join(f"{r}[preload]" if r in p.preloaded else r for r in p.residents) or "-"
+    shown = f"{names} ({p.free_gib or 0:g} of {p.capacity_gib:g} GiB free)"
+    if p.preload_pending:
+        shown += f" to preload: {','.join(p.preload_pending)}"
+    return shown
 
 
 def _swap(p: PoolView) -> str:

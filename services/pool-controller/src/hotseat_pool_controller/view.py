@@ -9,6 +9,7 @@ from __future__ import annotations
 from hotseat_common.messages import PoolView
 from hotseat_pool_controller.decisions.capacity import free_gib
 from hotseat_pool_controller.decisions.hold import measured_swap_s
+from hotseat_pool_controller.decisions.preload import Preloads
 from hotseat_pool_controller.decisions.schedule import ranked, swap_s
 from hotseat_pool_controller.model import IN_FLIGHT, Phase, PoolPolicy, PoolSnapshot
 
@@ -17,7 +18,7 @@ def _seconds(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def pool_view(policy: PoolPolicy, snap: PoolSnapshot) -> PoolView:
+def pool_view(policy: PoolPolicy, snap: PoolSnapshot, preloads: Preloads | None = None) -> PoolView:
     in_flight = snap.phase in IN_FLIGHT
     elapsed = max(0.0, (snap.now_ms - snap.started_ms) / 1000) if in_flight else None
     # In flight, the target's own measured swaps (as the scheduler's estimate): another
@@ -27,7 +28,7 @@ def pool_view(policy: PoolPolicy, snap: PoolSnapshot) -> PoolView:
     remaining = None if elapsed is None or expected is None else max(0.0, expected - elapsed)
     queue = ranked(snap, excluding=None if snap.closed else snap.resident)
     if policy.has_capacity:
-        return _capacity_view(policy, snap, elapsed, expected, remaining)
+        return _capacity_view(policy, snap, elapsed, expected, remaining, preloads=preloads)
     return PoolView(
         name=policy.name,
         resident=None if in_flight else snap.resident,
@@ -60,8 +61,11 @@ def _capacity_view(
     elapsed: float | None,
     expected: float | None,
     remaining: float | None,
+    *,
+    preloads: Preloads | None,
 ) -> PoolView:
-    """A capacity pool: its residents serve throughout a plan (docs/adr/0008)."""
+    """A capacity pool: its residents serve throughout a plan (docs/adr/0008); which of
+    them this controller preloaded, and what it has still to preload."""
     in_flight = snap.phase in IN_FLIGHT
     queue = ranked(snap, among=frozenset(policy.members) - snap.residents)
     return PoolView(
@@ -90,4 +94,6 @@ def _capacity_view(
         evicting=list(snap.evicts),
         capacity_gib=policy.capacity_gib,
         free_gib=round(free_gib(snap, policy), 3),
+        preloaded=sorted(preloads.loaded & snap.residents) if preloads else [],
+        preload_pending=list(preloads.pending) if preloads else [],
     )

@@ -59,6 +59,13 @@ class PoolView(BaseModel):
     free_gib: float | None = None
     """A capacity pool's memory not held by a resident, a member loading or one being
     unloaded."""
+    preloaded: list[str] = []
+    """A capacity pool's residents that the answering controller loaded by ``preload``
+    as it started and that have stayed resident since (evicted, a member stops being
+    listed, even when demand loads it again)."""
+    preload_pending: list[str] = []
+    """A capacity pool's ``preload`` members the answering controller has still to load
+    (it preloads once, as it starts, when they fit)."""
 
 
 class PoolList(BaseModel):

@@ -13,15 +13,42 @@ that nothing else moves (no plan in flight, nobody waiting).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hotseat_common.messages import SwapReason
 from hotseat_pool_controller.decisions.capacity import Plan, free_gib, start_plan
 from hotseat_pool_controller.model import (
+    IN_FLIGHT,
     NOTHING,
     Decision,
     Phase,
     PoolPolicy,
     PoolSnapshot,
 )
+
+
+@dataclass
+class Preloads:
+    """What this controller preloads (it keeps them in memory, as it started them):
+    ``pending``, the members still to preload; ``loaded``, those its preload loaded and
+    that have stayed resident since, as far as it has seen (a member evicted and loaded
+    again for demand between two of its reads of the pool would still count)."""
+
+    pending: tuple[str, ...]
+    loaded: frozenset[str] = frozenset()
+
+    def seen(self, snap: PoolSnapshot) -> None:
+        """A member preloaded stops counting once it is neither resident nor loading."""
+        self.loaded = frozenset(
+            m
+            for m in self.loaded
+            if m in snap.residents or (snap.phase in IN_FLIGHT and snap.target == m)
+        )
+
+    def started(self, decision: Decision) -> None:
+        """``decision`` (of ``decide_preload``) was applied: its member is preloading."""
+        if decision.swap is not None:
+            self.loaded |= {decision.swap.target}
 
 
 def _quiet(snap: PoolSnapshot, policy: PoolPolicy) -> bool:

@@ -14,6 +14,7 @@ from hotseat_common.messages import AcquireRequest, ErrorReply, PoolView, RenewR
 from hotseat_pool_controller.decisions.acquire import decide_acquire
 from hotseat_pool_controller.decisions.admin import decide_admin_swap, decide_admin_unload
 from hotseat_pool_controller.decisions.busy import SlotsRead, all_idle
+from hotseat_pool_controller.decisions.preload import Preloads
 from hotseat_pool_controller.model import (
     AcquireAsk,
     Decision,
@@ -59,6 +60,7 @@ class PoolAnswers:
         announcer: Announcer,
         wake: asyncio.Event,
         stir: Stir | None = None,
+        preloads: Preloads | None = None,
     ) -> None:
         self.policy: PoolPolicy = store.policy
         self._store = store
@@ -69,13 +71,17 @@ class PoolAnswers:
         self._wake = wake
         """Set when a request may let the pool move: its supervisor ticks at once."""
         self._stir = stir or Stir(wake)
+        self._preloads = preloads
 
     @property
     def name(self) -> str:
         return self.policy.name
 
     async def view(self) -> PoolView:
-        return pool_view(self.policy, await self._store.snapshot())
+        snap = await self._store.snapshot()
+        if self._preloads is not None:
+            self._preloads.seen(snap)
+        return pool_view(self.policy, snap, self._preloads)
 
     async def acquire(self, request: AcquireRequest) -> Reply:
         self._stir()

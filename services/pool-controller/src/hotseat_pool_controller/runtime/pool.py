@@ -25,7 +25,7 @@ from hotseat_common.config.model import Pool
 from hotseat_common.logging import get_logger
 from hotseat_common.tracing import NO_TRACING, Tracing
 from hotseat_pool_controller.decisions.capacity import free_gib
-from hotseat_pool_controller.decisions.preload import decide_preload, preload_left
+from hotseat_pool_controller.decisions.preload import Preloads, decide_preload, preload_left
 from hotseat_pool_controller.decisions.tick import decide_tick, quiet_for_ms
 from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
 from hotseat_pool_controller.model import NOTHING, Phase, PoolPolicy, PoolSnapshot
@@ -65,8 +65,9 @@ class PoolRuntime:
         self.swaps = Swaps(runner, announcer, policy.name, self._wake)
         self._transitions = Transitions(store, driver, outcomes, self.swaps)
         self._recovery = Recovery(store, driver, self._transitions, announcer)
-        self._preload = policy.preload
-        """Members still to preload since this controller started (decisions/preload.py)."""
+        self.preloads = Preloads(policy.preload)
+        """Members still to preload since this controller started, and those it preloaded
+        (decisions/preload.py)."""
         self.copies: CopyWriter | None = None
         """Its entries in the group indexes, when model groups serve on it (docs/adr/0012)."""
         self.answers = PoolAnswers(
@@ -77,6 +78,7 @@ class PoolRuntime:
             announcer=announcer,
             wake=self._wake,
             stir=self.stir,
+            preloads=self.preloads,
         )
 
     @property
@@ -98,8 +100,9 @@ class PoolRuntime:
         reaped = await self._store.reap() if reap else []
         for lease in reaped:
             self._announcer.lease_expired(self.name, lease)
+        self.preloads.seen(snap)
         if not reaped and decide_tick(snap, self.policy, self._controller) is NOTHING:
-            if self._preload:
+            if self.preloads.pending:
                 return await self._preload_step(snap)
             return snap  # nothing expired and nothing to move
         await self._transitions.decide(
@@ -109,12 +112,14 @@ class PoolRuntime:
 
     async def _preload_step(self, snap: PoolSnapshot) -> PoolSnapshot | None:
         """A pool nothing else moves loads its next preload member, if one fits."""
-        self._preload = preload_left(snap, self.policy, self._preload)
-        if decide_preload(snap, self.policy, self._controller, self._preload) is NOTHING:
-            return None if self._preload else snap  # still to come: tick again soon
-        await self._transitions.decide(
-            lambda s, _busy: decide_preload(s, self.policy, self._controller, self._preload)
+        preloads = self.preloads
+        preloads.pending = preload_left(snap, self.policy, preloads.pending)
+        if decide_preload(snap, self.policy, self._controller, preloads.pending) is NOTHING:
+            return None if preloads.pending else snap  # still to come: tick again soon
+        decision = await self._transitions.decide(
+            lambda s, _busy: decide_preload(s, self.policy, self._controller, preloads.pending)
         )
+        preloads.started(decision)
         return None
 
     async def supervise(
