@@ -478,3 +478,48 @@ def test_a_more_urgent_waiter_reaches_max_wait_sooner() -> None:
     having waited maxWait sooner, as in a one-resident pool."""
     urgent = waiting_for_coder(1_000, urgency={"coder": NOW - 1_000 - 10_000})
     assert state_of(decide_tick(urgent, MAX_WAIT, ME)) == {"closing": "assistant"}
+
+
+# --- demand in the eviction order (docs/adr/0008) ---------------------------------------
+
+DEMAND = replace(POLICY, demand_half_life_ms=600_000)
+
+
+def test_of_two_members_of_the_same_reload_cost_the_one_asked_for_least_lately_goes() -> None:
+    """embedder served 8 requests, reranker 1 since; reranker is the more recently used
+    but the less asked for: it goes first (least recently used alone would take
+    embedder). Demand halves every half-life: 40 minutes later embedder's 8 count as
+    half a request, and recency decides again. Cost still comes first."""
+    s = snap(
+        residents=frozenset({"embedder", "reranker"}),
+        used={"embedder": NOW - 20_000, "reranker": NOW - 10_000},
+        member_swap_times={"embedder": (0.6,), "reranker": (0.7,)},
+        demand={"embedder": (8.0, NOW - 20_000), "reranker": (1.0, NOW - 10_000)},
+    )
+    assert eviction_order(s, POLICY) == ["embedder", "reranker"]  # not counted: recency
+    assert eviction_order(s, DEMAND) == ["reranker", "embedder"]
+    plan = make_plan(s, DEMAND, "coder")
+    assert plan is not None
+    assert plan.evicts == ("reranker",)
+    stale = replace(s, demand={"embedder": (8.0, NOW - 2_400_000), "reranker": (1.0, NOW)})
+    assert eviction_order(stale, DEMAND) == ["embedder", "reranker"]
+    costly = replace(s, member_swap_times={"embedder": (0.6,), "reranker": (2.5,)})
+    assert eviction_order(costly, DEMAND) == ["embedder", "reranker"]  # cheaper reload first
+
+
+def test_demand_never_makes_a_busy_or_pinned_member_evictable_nor_takes_more() -> None:
+    """The demand only orders the idle, unpinned candidates; the plan still takes only
+    as many as needed."""
+    s = snap(
+        residents=frozenset({"assistant", "embedder", "reranker"}),
+        leases={"assistant": 1},
+        demand={"embedder": (50.0, NOW), "reranker": (0.0, NOW), "assistant": (0.0, NOW)},
+    )
+    pinned = replace(DEMAND, pinned=frozenset({"reranker"}))
+    assert eviction_order(s, pinned) == ["embedder"]
+    plan = make_plan(s, DEMAND, "coder")
+    assert plan is None  # 24 - 14 + 8 = 18 < 20 without the busy assistant
+    fits = replace(DEMAND, memory_gib={**DEMAND.memory_gib, "coder": 14.0})
+    plan = make_plan(s, fits, "coder")
+    assert plan is not None
+    assert plan.evicts == ("reranker",)  # one is enough: the one asked for least

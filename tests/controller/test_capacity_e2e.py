@@ -316,6 +316,33 @@ async def test_eviction_order_is_cheapest_reload_then_least_recently_used(
     assert [e.member for e in ledger if e.event is LedgerEvent.UNLOAD_START] == ["b"]
 
 
+async def test_of_two_members_of_the_same_reload_cost_the_one_asked_for_least_goes(
+    make_stack: Make,
+) -> None:
+    """a and b load alike; a serves a burst of 5 concurrent requests (sharing the
+    router's lease or not, each counts), then b one request, so b is the more recently
+    used: big needs one of them gone, and b goes (least recently used alone would take
+    a)."""
+    stack = started(
+        make_stack(
+            capacity_config(
+                {"a": {"memoryGiB": 6}, "b": {"memoryGiB": 6}, "big": {"memoryGiB": 16}}
+            )
+        )
+    )
+    url = stack.routers[0].url
+    for member in ("a", "b"):
+        assert (await chat(url, member)).status_code == 200
+    await wait_residents(stack, {"a", "b"})
+    burst = await asyncio.gather(*(chat(url, "a", max_tokens=4) for _ in range(5)))
+    assert [r.status_code for r in burst] == [200] * 5
+    assert (await chat(url, "b")).status_code == 200
+    assert (await chat(url, "big")).status_code == 200
+    await wait_residents(stack, {"a", "big"})
+    ledger = await stack.judged_ledger()
+    assert [e.member for e in ledger if e.event is LedgerEvent.UNLOAD_START] == ["b"]
+
+
 async def test_a_controller_killed_during_an_eviction_never_goes_over_capacity(
     make_stack: Make,
 ) -> None:

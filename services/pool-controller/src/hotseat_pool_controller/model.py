@@ -38,6 +38,12 @@ SERVING = frozenset({Phase.IDLE, Phase.DRAINING})
 """The resident serves (sticky residency: granted in both)."""
 
 
+DEMAND_HALF_LIFE_MS = 600_000
+"""A capacity pool's recent demand per member halves every ten minutes: long enough to
+tell a popular member from a rare one across bursts, short enough that what was popular
+an hour ago counts for little."""
+
+
 @dataclass(frozen=True, slots=True)
 class PoolPolicy:
     """The parts of a pool's config (and the controller's timing) that decisions use."""
@@ -77,6 +83,10 @@ class PoolPolicy:
     preload: tuple[str, ...] = ()
     """Members loaded as a controller starts when they fit beside the residents, then
     evicted like any other (a capacity pool's), in config order."""
+    demand_half_life_ms: int = 0
+    """A capacity pool counts each member's recent demand (the requests its leases
+    served), halving it every this long: the eviction order's tie-break between members
+    of the same reload cost (docs/adr/0008); 0: not counted (a one-resident pool)."""
 
     @property
     def has_capacity(self) -> bool:
@@ -114,6 +124,7 @@ class PoolPolicy:
             memory_gib={m.name: m.memory_gi_b for m in pool.members if m.memory_gi_b is not None},
             pinned=frozenset(m.name for m in pool.members if m.pinned),
             preload=tuple(m.name for m in pool.members if m.preload),
+            demand_half_life_ms=DEMAND_HALF_LIFE_MS if pool.capacity else 0,
         )
 
 
@@ -188,6 +199,9 @@ class PoolSnapshot:
     """member -> when it was last loaded or last released its last lease (Redis clock)."""
     loaded: Mapping[str, int] = field(default_factory=dict)
     """member -> when a capacity pool's plan last loaded it (its commit; Redis clock)."""
+    demand: Mapping[str, tuple[float, int]] = field(default_factory=dict)
+    """member -> (requests its leases served, decayed as of when; Redis clock): a
+    capacity pool's recent demand, decayed further to now by :func:`recent_demand`."""
     closing: frozenset[str] = frozenset()
     """A capacity pool's residents closed to new leases: another member waited
     ``maxWait`` and they are what its plan must evict (docs/adr/0008)."""

@@ -137,6 +137,10 @@ class ReleaseRequest(WireModel):
     lease_id: str
     group: str | None = None
     """The model group that placed the lease (docs/adr/0012): its lease count follows."""
+    requests: int | None = Field(default=None, ge=0)
+    """How many requests used the lease (a router shares one among its concurrent
+    requests for a member); absent: one. A capacity pool counts them as the member's
+    recent demand, which orders its evictions (docs/adr/0008)."""
 
 
 class CancelRequest(WireModel):

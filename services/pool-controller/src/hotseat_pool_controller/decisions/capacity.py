@@ -12,12 +12,12 @@ has a capacity.
 - A member absent, no plan in flight: if it fits in the free memory the plan evicts
   nothing; otherwise it evicts idle members (no live lease, no waiter just granted, and
   under ``busySignal: leasesAndSlots`` its ``/slots`` read idle), never pinned ones,
-  cheapest first (expected reload time, then least recently used), and only as many as
-  needed. If no idle set frees enough, the pool drains toward it: Wait holds, IfIdle is
-  told ``incumbent_busy`` at once. With ``maxWait``, once its most urgent waiter has
-  waited that long, the residents of the cheapest set that makes room (busy ones
-  included, once resident ``minResidency``) are closed: no new lease for them; they
-  drain, and the plan evicts them.
+  cheapest first (expected reload time, then fewest requests lately, then least
+  recently used), and only as many as needed. If no idle set frees enough, the pool
+  drains toward it: Wait holds, IfIdle is told ``incumbent_busy`` at once. With
+  ``maxWait``, once its most urgent waiter has waited that long, the residents of the
+  cheapest set that makes room (busy ones included, once resident ``minResidency``)
+  are closed: no new lease for them; they drain, and the plan evicts them.
 - Never over capacity: the plan's evicts leave the set when it starts and are confirmed
   gone before its load begins; the load that starts fits beside the set.
 """
@@ -130,10 +130,22 @@ def reload_cost_s(snap: PoolSnapshot, member: str) -> int:
     return math.ceil(swap_s(snap, member) or 0.0)
 
 
-def eviction_cost(snap: PoolSnapshot, member: str) -> tuple[int, int, str]:
+def recent_demand(snap: PoolSnapshot, policy: PoolPolicy, member: str) -> float:
+    """The requests ``member``'s leases served lately: each counts one, halved every
+    ``demand_half_life_ms`` since (0 when not counted)."""
+    count, as_of = snap.demand.get(member, (0.0, snap.now_ms))
+    if policy.demand_half_life_ms <= 0:
+        return 0.0
+    return count * math.pow(0.5, max(0, snap.now_ms - as_of) / policy.demand_half_life_ms)
+
+
+def eviction_cost(snap: PoolSnapshot, policy: PoolPolicy, member: str) -> tuple[int, int, int, str]:
     """The order in which residents are evicted, cheapest first: the shortest expected
-    reload (:func:`reload_cost_s`), then least recently used."""
-    return (reload_cost_s(snap, member), snap.used.get(member, 0), member)
+    reload (:func:`reload_cost_s`), then the fewest requests lately
+    (:func:`recent_demand`, in whole requests: the member least likely to be asked for
+    again soon), then least recently used."""
+    demand = round(recent_demand(snap, policy, member))
+    return (reload_cost_s(snap, member), demand, snap.used.get(member, 0), member)
 
 
 def evictable(policy: PoolPolicy, member: str) -> bool:
@@ -148,7 +160,7 @@ def eviction_order(
     candidates = [
         m for m in snap.residents if evictable(policy, m) and member_idle(snap, policy, m, slots)
     ]
-    return sorted(candidates, key=lambda m: eviction_cost(snap, m))
+    return sorted(candidates, key=lambda m: eviction_cost(snap, policy, m))
 
 
 def _free_beside_residents(snap: PoolSnapshot, policy: PoolPolicy) -> float:
@@ -227,7 +239,7 @@ def closing_now(
         key=lambda m: (
             m not in snap.closing,
             not member_idle(snap, policy, m, slots),
-            *eviction_cost(snap, m),
+            *eviction_cost(snap, policy, m),
         ),
     )
     chosen = _enough(policy, policy.gib(target), _free_beside_residents(snap, policy), order)

@@ -31,6 +31,9 @@ The ``state`` hash, per pool (docs/adr/0001 has the meaning of each field):
     used.<m>   when member ``m`` was last loaded (the commit) or released its last lease
                (ms; the release script writes it, no ``version`` move)
     loaded.<m> when a capacity pool's plan last loaded member ``m`` (ms; its commit)
+    demand.<m> a capacity pool's recent demand for ``m``: the requests its released leases
+               served, halved every ``demand_half_life_ms``, as of ``demandat.<m>`` (ms;
+               the release script writes both, no ``version`` move)
     closing    a capacity pool's residents closed to new leases (another member waited
                ``maxWait``; its plan evicts them once they drain), comma-separated
 
@@ -146,6 +149,8 @@ def used_field(member: str) -> str:
 
 USED_PREFIX = "used."
 LOADED_PREFIX = "loaded."
+DEMAND_PREFIX = "demand."
+DEMAND_AT_PREFIX = "demandat."
 
 
 def _members(text: str | None) -> tuple[str, ...]:
@@ -266,6 +271,14 @@ def decode_snapshot(raw: Mapping[str, Any]) -> PoolSnapshot:
             if k.startswith(LOADED_PREFIX) and v
         },
         closing=frozenset(_members(state.get("closing"))),
+        demand={
+            k.removeprefix(DEMAND_PREFIX): (
+                float(v),
+                int(state.get(f"{DEMAND_AT_PREFIX}{k.removeprefix(DEMAND_PREFIX)}") or 0),
+            )
+            for k, v in state.items()
+            if k.startswith(DEMAND_PREFIX) and v
+        },
     )
 
 

@@ -187,7 +187,9 @@ class PoolStore:
         outcome = Renewal(int(result[0]))
         return Renewed(outcome, shareable=outcome is not Renewal.RENEWED or bool(int(result[1])))
 
-    async def release(self, member: str, lease_id: str) -> Released:
+    async def release(self, member: str, lease_id: str, requests: int = 1) -> Released:
+        """The lease ends (``requests``: how many requests used it, counted as the
+        member's recent demand in a capacity pool)."""
         m = self._keys.members.get(member)
         if m is None:
             return Released(removed=False, may_move=False)
@@ -196,7 +198,7 @@ class PoolStore:
         removed, left, phase, waiters, unhealthy = await self.link.script(
             self._release,
             keys=[m.leases, k.lease_meta, k.attempt_leases, k.state, *others],
-            args=[lease_id, member],
+            args=[lease_id, member, requests, self.policy.demand_half_life_ms],
         )
         # Only the last lease of a member the pool is draining away from, one that other
         # members' requests wait behind, or one on an unhealthy resident (now it can be

@@ -191,7 +191,7 @@ RELEASE = (
     _NOW
     + """
 -- KEYS: leases, lease-meta, attempt-leases, state, waiters of every other member...
--- ARGV: lease id, member
+-- ARGV: lease id, member, requests that used the lease, demand half-life ms (0: none)
 -- Returns {removed, live leases left on the member, phase, live waiters for the other
 -- members, unhealthy} so the caller wakes the supervisor only when the release can move
 -- the pool (the member's own waiters are granted when they ask again, not by a release).
@@ -217,6 +217,16 @@ end
 if removed == 1 and left == 0 and redis.call('EXISTS', KEYS[4]) == 1 then
   -- A capacity pool evicts the least recently used idle member first (docs/adr/0008).
   redis.call('HSET', KEYS[4], 'used.' .. ARGV[2], now)
+end
+-- A capacity pool's recent demand per member (``demand.<member>``, as of
+-- ``demandat.<member>``): the requests that used each lease, decayed by the half-life.
+local half = tonumber(ARGV[4] or '') or 0
+if removed == 1 and half > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
+  local d = redis.call('HMGET', KEYS[4], 'demand.' .. ARGV[2], 'demandat.' .. ARGV[2])
+  local at = tonumber(d[2] or '') or now
+  local score = (tonumber(d[1] or '') or 0) * math.pow(0.5, (now - at) / half)
+  redis.call('HSET', KEYS[4], 'demand.' .. ARGV[2], tostring(score + tonumber(ARGV[3])),
+             'demandat.' .. ARGV[2], now)
 end
 return {removed, left, st[1] or '', waiters, st[2] or ''}
 """

@@ -47,6 +47,8 @@ class _Held:
     handles: list[Lease]
     renewing: bool = False
     shareable: bool = True
+    served: int = 1
+    """How many requests used the lease (the one it was granted for, and each share)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -99,6 +101,7 @@ class HeldLeases:
         # Its own handle (``lost`` is the same event).
         handle = replace(lease, swap_id=lease.swap_id if waited else None)
         held.handles.append(handle)
+        held.served += 1
         return handle
 
     def hold(self, lease: Lease) -> Lease:
@@ -121,17 +124,17 @@ class HeldLeases:
             self._renewer_wake.set()
         return lease
 
-    def drop(self, lease: Lease) -> bool:
-        """One request is done with its handle: True when it was the last one (the lease is
-        forgotten here and must be released at the controller); False otherwise, and for a
-        handle released twice."""
+    def drop(self, lease: Lease) -> int:
+        """One request is done with its handle: when it was the last one (the lease is
+        forgotten here and must be released at the controller), how many requests used
+        the lease; 0 otherwise, and for a handle released twice."""
         held = self._held.get(lease.lease_id)
         if held is None or not held.drop(lease) or held.handles:
-            return False
+            return 0
         self._held.pop(lease.lease_id, None)
         if self._shared.get(held.key) is held:
             del self._shared[held.key]
-        return True
+        return held.served
 
     def unshare(self, lease: Lease) -> None:
         """The requests on this lease go on; new ones ask the controller."""

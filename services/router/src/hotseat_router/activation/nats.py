@@ -448,10 +448,15 @@ class NatsActivationClient:
         """One request is done with its lease; the last one sharing it tells the controller
         (a publish, so nothing waits for it, unless ``confirm``: then a request, answered
         once the store has it). Releasing twice is harmless."""
-        if not self._leases.drop(lease):
+        served = self._leases.drop(lease)
+        if not served:
             return
         message = ReleaseRequest(
-            pool=lease.pool, member=lease.member, lease_id=lease.lease_id, group=lease.group
+            pool=lease.pool,
+            member=lease.member,
+            lease_id=lease.lease_id,
+            group=lease.group,
+            requests=served,
         )
         if confirm:
             await self._fire(self._subjects.release, message)
