@@ -94,12 +94,19 @@ async def swaps_started(stack: Stack) -> list[dict[str, Any]]:
 
 async def test_without_max_wait_a_waiter_is_held_to_its_budget(make_stack: Make) -> None:
     """judge always has a request in flight: with sticky residency (no maxWait) a request
-    for coder is held to its budget and answered 503 pool_activation_timeout."""
+    for coder is held to its budget and answered 503 pool_activation_timeout, while new
+    requests for judge are still granted. One judge stream outlasts the test, so that
+    judge is never idle even when the short requests all end together on a loaded host
+    (a gap would let coder swap in, rightly)."""
     stack = started(make_stack(pool_stack_config(pool={"swapBudget": "4s"})))
     url = stack.routers[0].url
     await stack.wait_resident("judge")
-    async with endless_demand(url, "judge") as statuses:
+    async with (
+        live_stream(url, "judge", JUDGE_UNTIL_CANCELLED) as busy,
+        endless_demand(url, "judge") as statuses,
+    ):
         held = await chat(url, "coder")
+        assert not busy.done(), "judge's stream ended while coder waited"
     assert held.status_code == 503, held.text
     assert held.json()["error"]["code"] == "pool_activation_timeout"
     assert set(statuses) == {200}
