@@ -80,6 +80,8 @@ class Run:
     done: list[Done] = field(default_factory=list)
     swaps: int = 0
     swap_reasons: dict[str, int] = field(default_factory=dict)
+    retargets: int = 0
+    """Swaps that turned to a more urgent member before their load (docs/adr/0006)."""
     resident_at_end: str | None = None
     seconds: float = 0.0
 
@@ -141,17 +143,21 @@ class Fleet:
         while (await self.pool())["phase"] == "unknown":
             await asyncio.sleep(0.1)  # polling a state no event announces
 
-    async def swaps(self) -> dict[str, int]:
-        """Swaps started, by reason (the controller's counter)."""
+    async def swaps(self) -> tuple[dict[str, int], int]:
+        """Swaps started, by reason, and swaps retargeted before their load (the
+        controller's counters)."""
         async with httpx.AsyncClient(timeout=10) as client:
             text = (await client.get(f"{self.controller_url}/metrics")).text
         reasons: dict[str, int] = defaultdict(int)
+        retargets = 0
         for line in text.splitlines():
             if line.startswith("hotseat_pool_swaps_started_total{"):
                 labels, value = line.rsplit(" ", 1)
                 reason = labels.split('reason="', 1)[1].split('"', 1)[0]
                 reasons[reason] += int(float(value))
-        return dict(reasons)
+            if line.startswith("hotseat_pool_swap_retargets_total{"):
+                retargets += int(float(line.rsplit(" ", 1)[1]))
+        return dict(reasons), retargets
 
 
 class Client:
@@ -283,7 +289,7 @@ async def replay(fleet: Fleet, name: str, policy: str, scale: float) -> Run:
         await runner(client, scale)
         run.seconds = time.monotonic() - started
         await client.http.aclose()
-        run.swap_reasons = await fleet.swaps()
+        run.swap_reasons, run.retargets = await fleet.swaps()
         run.swaps = sum(n for r, n in run.swap_reasons.items() if r != "warm_default")
         run.resident_at_end = (await fleet.pool())["resident"]
     finally:
@@ -308,7 +314,8 @@ def report(run: Run) -> None:
     reasons = ", ".join(f"{r} {n}" for r, n in sorted(run.swap_reasons.items()))
     print(
         f"  {run.policy:<9} requests {len(run.done):4d} (failed {failed})  swaps {run.swaps:3d}"
-        f" = {per100:5.1f}/100 req  [{reasons}]  resident at end: {run.resident_at_end}"
+        f" = {per100:5.1f}/100 req  [{reasons}]  retargeted {run.retargets}"
+        f"  resident at end: {run.resident_at_end}"
         f"  ({run.seconds:.0f} s)"
     )
     by_label: dict[str, list[float]] = defaultdict(list)

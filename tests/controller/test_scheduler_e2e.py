@@ -292,6 +292,10 @@ async def test_a_swap_still_unloading_turns_to_a_higher_priority_waiter(
         ("swap_completed", "judge", "small"),
     ], swap
     assert swap[1]["reason"] == "more_urgent"
+    async with httpx.AsyncClient(timeout=5) as client:
+        metrics = (await client.get(f"{stack.controller_url}/metrics")).text
+    counted = 'hotseat_pool_swap_retargets_total{from_target="coder",pool="gpu0",to_member="small"}'
+    assert f"{counted} 1.0" in metrics.splitlines(), metrics
     completed = [e["to_member"] for e in events if e["outcome"] == "swap_completed"]
     assert completed[-2:] == ["small", "coder"], completed
     await stack.assert_invariants()

@@ -135,6 +135,13 @@ class PoolMetrics:
             ["pool", "to_member", "reason"],
             registry=registry,
         )
+        self.swap_retargets = Counter(
+            "hotseat_pool_swap_retargets_total",
+            "Swaps that turned, still unloading, from their target to a more urgent member"
+            " before their load (docs/adr/0006).",
+            ["pool", "from_target", "to_member"],
+            registry=registry,
+        )
         self.swap_duration = Histogram(
             "hotseat_pool_swap_duration_seconds",
             "Duration of swaps from the start of the unload to the target ready.",

@@ -33,6 +33,10 @@ class Counting:
             self._metrics.swaps_started.labels(
                 pool, intent.to_member or "", intent.reason or ""
             ).inc()
+        if intent.outcome == PoolOutcome.SWAP_RETARGETED:
+            self._metrics.swap_retargets.labels(
+                pool, intent.from_member or "", intent.to_member or ""
+            ).inc()
         if intent.outcome == PoolOutcome.RESIDENT_LOST:
             self._metrics.residents_lost.labels(pool, intent.member or "").inc()
 
