@@ -9,7 +9,8 @@ Invariants, besides those the one-resident machine checks that still apply:
   load beside too much trips the GPU), and the store never counts more held than that;
 - never a busy member evicted: an unload of a member a router holds a lease on trips
   the GPU (as in the one-resident machine);
-- every grant is for a member of the residency set that the GPU holds and that answers;
+- every grant is for a member of the residency set that the GPU holds and that answers
+  (and that `maxWait` did not close);
 - a pinned member, once resident, is never unloaded while the pool is not emptied by an
   admin;
 - at the end every waiting request is answered: granted, skipped (IfIdle), or refused
@@ -112,6 +113,7 @@ class CapacityMachine(ControllerMachine):
     def assert_grantable(self, member: str, after: PoolSnapshot) -> None:
         assert member in after.residents, "granted a member not in the set"
         assert member not in after.unwell, "granted a member that fails its checks"
+        assert member not in after.closing, "granted a member closed by maxWait"
 
     @rule(member=st.sampled_from(MEMBERS), controller=st.sampled_from(["c1", "c2"]))
     def admin_swap(self, member: str, controller: str) -> None:
@@ -248,6 +250,20 @@ def test_capacity_pool_with_slots_keeps_the_contract(machine: type[CapacityMachi
     plans its eviction, and again by the swap right before the unload)."""
 
     run_to_quiescence(with_slots(machine), examples=60, steps=40)
+
+
+def test_capacity_pool_closing_for_max_wait_keeps_the_contract(
+    machine: type[CapacityMachine],
+) -> None:
+    """The same with maxWait closing the residents a waiter needs as soon as it waits
+    (maxWait and minResidency of a millisecond): closed members get no new lease, none
+    is evicted while a lease is on it, never over capacity, every waiter (the closed
+    members' own included) answered."""
+
+    class Closing(machine):  # type: ignore[misc, valid-type]
+        policy = replace(CAPACITY_POLICY, max_wait_ms=1, min_residency_ms=0)
+
+    run_to_quiescence(Closing, examples=60, steps=40)
 
 
 def test_capacity_gpu_trips_on_an_over_capacity_load() -> None:
