@@ -6,17 +6,21 @@ never two residents, nothing cut, nothing served by a member that was not ready.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
+import orjson
 import pytest
+import redis.asyncio as aioredis
 
 from hotseat.launcher import free_port
+from hotseat_common.keys import Keys
 from hotseat_sim.timeline import LedgerEvent
 from tests.controller.test_capacity_e2e import chat
-from tests.support.clients import chat_body
+from tests.support.clients import chat_body, live_stream
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
 
@@ -37,11 +41,14 @@ def fleet_config(
     assistant_load_s: float = 0.3,
     slots: int = 4,
     max_copies: int = 1,
+    coder_load_s: float | None = None,
 ) -> dict[str, Any]:
     """Four pools, each with ``assistant`` and ``other`` (its default from ``defaults``);
     the group ``assistant`` over the four ``gpuN-assistant`` backends; rules: ``assistant``
     (Wait), ``assistant-ifidle`` (IfIdle, then gpu0's ``other``), ``other-N`` (gpuN's
-    ``other``)."""
+    ``other``). With ``coder_load_s``, each pool also has ``coder`` and the group
+    ``coder`` (one copy) with its rule."""
+    members = ("assistant", "other", *(("coder",) if coder_load_s is not None else ()))
     backends = [
         {
             "name": f"{pool}-{member}",
@@ -49,7 +56,7 @@ def fleet_config(
             "pool": {"name": pool, "member": member},
         }
         for pool in POOLS
-        for member in ("assistant", "other")
+        for member in members
     ]
     loads = other_load_s or {}
     pools = [
@@ -62,6 +69,11 @@ def fleet_config(
             "members": [
                 {"name": "assistant", "sim": {**SIM, "loadSeconds": assistant_load_s}},
                 {"name": "other", "sim": {**SIM, "loadSeconds": loads.get(pool, 0.3)}},
+                *(
+                    [{"name": "coder", "sim": {**SIM, "loadSeconds": coder_load_s}}]
+                    if coder_load_s is not None
+                    else []
+                ),
             ],
         }
         for pool in POOLS
@@ -75,18 +87,22 @@ def fleet_config(
         rule("assistant", ["assistant"]),
         rule("assistant-ifidle", ["assistant", "gpu0-other"], "IfIdle"),
         *(rule(f"other-{p}", [f"{p}-other"]) for p in POOLS),
+        *([rule("coder", ["coder"])] if coder_load_s is not None else []),
+    ]
+    groups = [
+        {
+            "name": name,
+            "maxCopies": copies,
+            "members": [{"backend": f"{p}-{name}", "slots": slots} for p in POOLS],
+        }
+        for name, copies in (("assistant", max_copies), ("coder", 1))
+        if name in members
     ]
     return {
         "router": {"name": "r", "requestTimeout": "60s"},
         "backends": backends,
         "pools": pools,
-        "modelGroups": [
-            {
-                "name": "assistant",
-                "maxCopies": max_copies,
-                "members": [{"backend": f"{p}-assistant", "slots": slots} for p in POOLS],
-            }
-        ],
+        "modelGroups": groups,
         "rules": rules,
     }
 
@@ -234,6 +250,31 @@ async def test_a_cold_model_loads_where_eviction_is_cheapest(make_stack: Make) -
     await judged(stack)
 
 
+async def test_a_copy_beyond_demand_is_evicted_before_a_sole_copy(make_stack: Make) -> None:
+    """assistant idle on gpu0 and gpu1 (two copies: either is beyond demand), ``other``
+    (no copy elsewhere) idle on gpu2 and gpu3 and cheaper to reload than assistant. The
+    cold coder evicts one of the assistant copies, not a cheap sole ``other``; assistant
+    is still served from its other copy without a swap."""
+    defaults = {"gpu0": "assistant", "gpu1": "assistant", "gpu2": "other", "gpu3": "other"}
+    config = fleet_config(
+        defaults=defaults, assistant_load_s=2.0, other_load_s=dict.fromkeys(POOLS, 0.2),
+        max_copies=2, coder_load_s=0.3,
+    )  # fmt: skip
+    stack = started(make_stack(config))
+    await settle(stack, defaults)
+    response = await chat(stack.routers[0].url, "coder")
+    assert response.status_code == 200, response.text
+    pool, reason = placed(response)
+    assert (pool in {"gpu0", "gpu1"}, reason) == (True, "cold_cheapest_eviction")
+    [swap] = await swaps_to(stack, "coder")
+    assert (swap["pool"], swap["from_member"]) == (pool, "assistant")
+    kept = await chat(stack.routers[0].url, "assistant")
+    assert kept.status_code == 200
+    assert placed(kept) == ({"gpu0", "gpu1"}.difference({pool}).pop(), "resident_least_busy")
+    assert not await swaps_to(stack, "assistant")
+    await judged(stack)
+
+
 async def test_fifty_requests_from_three_routers_start_one_swap(make_stack: Make) -> None:
     """50 concurrent requests for the cold assistant, from three routers, are all served
     by one copy: exactly one swap in the fleet (single flight)."""
@@ -330,24 +371,63 @@ async def test_if_idle_falls_through_only_when_every_pool_is_busy(make_stack: Ma
     await judged(stack)
 
 
+async def copy_resident(stack: Stack, pool: str) -> bool:
+    """The group index shows assistant resident on ``pool`` (what placement reads)."""
+    client: aioredis.Redis = aioredis.from_url(stack.store_url, decode_responses=True)
+    try:
+        raw = await client.hget(Keys(stack.prefix).group_copies("assistant"), pool)
+    finally:
+        await client.aclose()
+    return raw is not None and bool(orjson.loads(raw)["r"])
+
+
 async def test_a_lost_pool_stops_receiving_placements(make_stack: Make) -> None:
-    """assistant warm on gpu0 and gpu1; gpu1's node goes (its sim killed mid-flight):
-    once its pool knows, every request goes to gpu0, none to gpu1."""
-    defaults = {"gpu0": "assistant", "gpu1": "assistant", "gpu2": "other", "gpu3": "other"}
-    stack = started(make_stack(fleet_config(defaults=defaults, max_copies=2)))
+    """Two controller replicas; assistant warm on gpu0, which serves slots - 1 streams;
+    then made resident on gpu1 too (no lease: where the next request goes). gpu1's node
+    goes (its sim killed) mid-flight. At once, before its pool's entry shows it, every
+    request is served on gpu0 and at most one meets the dead node (the router re-places
+    it, avoiding that pool, and reports the failure, which makes the controller check the
+    resident). Once the entry shows it, none is placed on gpu1; then a controller replica
+    is killed and the other places, still never on gpu1. (Every replica reads every pool,
+    so a pool never loses its controller alone: with none left nothing is placed; a pool
+    no replica has read for three idle ticks is not a candidate, test_placement.py.)"""
+    slots = 4
+    defaults = {"gpu0": "assistant", "gpu1": "other", "gpu2": "other", "gpu3": "other"}
+    stack = started(make_stack(fleet_config(defaults=defaults, slots=slots, max_copies=2)))
+    stack.start_controller("c2")
     await settle(stack, defaults)
     url = stack.routers[0].url
-    before = await asyncio.gather(*(chat(url, "assistant") for _ in range(4)))
-    assert [r.status_code for r in before] == [200] * 4
-    stack.sims["gpu1-assistant"].stop(5)
 
-    async def gpu1_lost() -> bool:
-        return (await stack.pool("gpu1"))["resident"] is None
+    async def gpu0_only(count: int) -> None:
+        for _ in range(count):
+            response = await chat(url, "assistant")
+            assert response.status_code == 200, response.text
+            assert placed(response)[0] == "gpu0"
 
-    await eventually(gpu1_lost, timeout=30)
-    after = []
-    for _ in range(6):
-        response = await chat(url, "assistant")
-        assert response.status_code == 200
-        after.append(placed(response)[0])
-    assert set(after) == {"gpu0"}
+    async with contextlib.AsyncExitStack() as streams:
+        for _ in range(slots - 1):
+            await streams.enter_async_context(live_stream(url, "assistant", BURST_TOKENS))
+        assert len(await stack.lease_expiries("assistant", pool="gpu0")) == slots - 1
+        auth = {"authorization": f"Bearer {stack.admin_token}"}
+        async with httpx.AsyncClient(timeout=10) as client:
+            swap = await client.post(
+                f"{stack.controller_url}/v1/pools/gpu1/swap",
+                json={"member": "assistant"},
+                headers=auth,
+            )
+        assert swap.status_code == 200, swap.text
+        await eventually(lambda: copy_resident(stack, "gpu1"), timeout=30)
+        stack.sims["gpu1-assistant"].kill()
+        await gpu0_only(3)
+        # At most the first of them met the dead node: its failure was reported to the
+        # controller (and the pool avoided), so none after it was placed there.
+        tries = {"backend": "gpu1-assistant", "result": "connect"}
+        assert await stack.metric(0, "hotseat_router_upstream_attempts_total", tries) <= 1
+
+        async def gpu1_lost() -> bool:
+            return not await copy_resident(stack, "gpu1")
+
+        await eventually(gpu1_lost, timeout=30)
+        await gpu0_only(3)
+        stack.controllers["c1"].kill()
+        await gpu0_only(3)

@@ -103,6 +103,20 @@ def test_a_cold_model_loads_where_eviction_is_cheapest() -> None:
     )
 
 
+def test_a_load_evicting_copies_beyond_demand_goes_before_a_cheaper_sole_copy() -> None:
+    """A load that evicts only copies beyond demand (or nothing) goes before one that
+    evicts a sole copy, however cheap; among equals, the cheapest eviction."""
+    snap = index({
+        "gpu0": CopyState(placeable=True, cost_s=0, sole=True, at_ms=NOW),
+        "gpu1": CopyState(placeable=True, cost_s=9, at_ms=NOW),
+        "gpu2": CopyState(placeable=True, cost_s=4, at_ms=NOW),
+    })  # fmt: skip
+    assert place(snap).pool == "gpu2"
+    one = pool(resident="other", committed_ms=0, member_swap_times={"other": (0.2,)}, used={})
+    assert copy_state(one, ONE, "assistant").sole
+    assert not copy_state(one, ONE, "assistant", surplus={"other"}).sole
+
+
 def test_concurrent_cold_demand_joins_the_claimed_copy() -> None:
     """Once one placement claimed a load, the next ones join it (single flight)."""
     copies = dict.fromkeys(POOLS, COLD)
@@ -172,6 +186,16 @@ def test_a_lost_or_failed_pool_receives_no_placement() -> None:
     gone = index({"gpu0": stale, "gpu1": replace(RESIDENT, failed=True)})
     assert place(gone) == place(gone, IF_IDLE)
     assert place(gone).reason == PlacementReason.NO_POOL
+
+
+def test_a_pool_the_router_avoids_receives_no_placement() -> None:
+    """The asking router quarantined gpu0's backend: the next copy takes the request,
+    and with only gpu0 left, nothing is placed (the walk moves on)."""
+    snap = index({"gpu0": RESIDENT, "gpu1": RESIDENT})
+    assert place(snap).pool == "gpu0"
+    assert place(snap, avoid=("gpu0",)).pool == "gpu1"
+    lonely = index({"gpu0": RESIDENT})
+    assert place(lonely, avoid=("gpu0",)).reason == PlacementReason.NO_POOL
 
 
 def test_session_affinity_never_costs_a_wait() -> None:
@@ -278,11 +302,11 @@ def pool(**fields: object) -> PoolSnapshot:
         (pool(resident="assistant", committed_ms=0), CopyState(resident=True, at_ms=NOW)),
         (
             pool(resident="assistant", committed_ms=0, unhealthy=True),
-            CopyState(at_ms=NOW),
+            CopyState(failed=True, at_ms=NOW),
         ),
         (
             pool(resident="coder", committed_ms=0, member_swap_times={"coder": (4.2,)}, used={}),
-            CopyState(placeable=True, cost_s=5, at_ms=NOW),
+            CopyState(placeable=True, cost_s=5, at_ms=NOW, sole=True),
         ),
         (
             pool(resident="coder", committed_ms=0, leases={"coder": 1}),
@@ -313,3 +337,8 @@ def test_copy_state_of_a_capacity_pool() -> None:
     assert copy_state(measured, SET, "assistant").cost_s == 8
     warm = pool(residents=frozenset({"assistant"}))
     assert copy_state(warm, SET, "assistant").resident
+    unwell = replace(warm, unwell=frozenset({"assistant"}))
+    assert copy_state(unwell, SET, "assistant") == CopyState(failed=True, at_ms=NOW)
+    assert place(index({"gpu0": copy_state(unwell, SET, "assistant"), "gpu1": COLD})) == (
+        place(index({"gpu1": COLD}))
+    )

@@ -30,7 +30,7 @@ from hotseat_pool_controller.handlers import ActivationHandlers
 from hotseat_pool_controller.model import PoolPolicy
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.runtime.answers import PoolAnswers
-from hotseat_pool_controller.runtime.placement import CopyWriter, build_placement
+from hotseat_pool_controller.runtime.placement import CopyWriter, Residency, build_placement
 from hotseat_pool_controller.runtime.pool import PoolRuntime
 from hotseat_pool_controller.settings import ControllerSettings
 from hotseat_pool_controller.store.health import StoreHealth
@@ -83,10 +83,11 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI: 
                 answers,
                 stale_ms=round(STALE_TICKS * settings.idle_tick_interval * 1000),
             )
+            residency: Residency = {}
             for runtime in pools.values():
                 if runtime.name in serves:
                     runtime.copies = CopyWriter(
-                        serves[runtime.name], round(settings.idle_tick_interval * 1000)
+                        serves[runtime.name], round(settings.idle_tick_interval * 1000), residency
                     )
             health = StoreHealth(
                 redis,

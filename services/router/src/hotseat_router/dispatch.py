@@ -196,10 +196,17 @@ class Dispatcher:
     ) -> Dispatched | None:
         """A model group (docs/adr/0012): placed by the controller, then one attempt on
         the placed backend; a pool whose load failed is left for another placement (its
-        backoff keeps it out), up to once per member. ``None`` means the walk goes on."""
+        backoff keeps it out), up to once per member; so is a pool whose backend this
+        router's passive health skips now (quarantined, its trial out), or that failed
+        this request (the controller is told to avoid them). ``None`` means the walk goes on."""
         if out.sensitive and any(b.tier is not Tier.LOCAL for b in group.backends.values()):
             tally.withheld += 1
             return None
+        avoid = {
+            b.pool.name
+            for b in group.backends.values()
+            if b.pool is not None and self._health.refuses(b.name)
+        }
         for _ in group.backends:
             attempt_id = new_attempt(self._router)
             placed = await self._place(
@@ -208,6 +215,7 @@ class Dispatcher:
                 group,
                 attempt=attempt_id,
                 session=_session(out),
+                avoid=tuple(sorted(avoid)),
                 deadline=deadline,
                 tally=tally,
             )
@@ -220,6 +228,7 @@ class Dispatcher:
             attempt = Attempt.admitted(
                 backend, self._health, router=self._router, client=ctx.client, id=attempt_id
             )
+            avoid.add(placed.lease.pool)  # if it does not serve, the next try goes elsewhere
             if attempt is None:
                 await self._activation.release(placed.lease, confirm=True)
                 tally.quarantined += 1
@@ -242,6 +251,7 @@ class Dispatcher:
         *,
         attempt: str,
         session: str | None,
+        avoid: tuple[str, ...],
         deadline: float,
         tally: _Tally,
     ) -> Placed | object | None:
@@ -268,6 +278,7 @@ class Dispatcher:
                         budget,
                         priority=ctx.priority,
                         session=session,
+                        avoid=avoid,
                     )
                     placed = await self._activation.place(
                         ask, lambda reply: ctx.waits_for_swap(reply.swap_id, for_member=True)

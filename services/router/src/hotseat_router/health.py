@@ -72,10 +72,19 @@ class PassiveHealth:
         state = self._states.get(backend)
         if state is None or not state.failed:
             return Admission.NORMAL
-        if state.trial_in_flight or self._clock() < state.quarantined_until:
+        if self.refuses(backend):
             return None
         state.trial_in_flight = True
         return Admission.TRIAL
+
+    def refuses(self, backend: str) -> bool:
+        """Would :meth:`admit` skip ``backend`` now (quarantined, or its one trial out)?"""
+        state = self._states.get(backend)
+        return (
+            state is not None
+            and state.failed
+            and (state.trial_in_flight or self._clock() < state.quarantined_until)
+        )
 
     def quarantined(self, backend: str) -> bool:
         state = self._states.get(backend)

@@ -61,6 +61,9 @@ class PlaceRequest(WireModel):
     last turn was served when that copy is resident and has a free slot."""
     placed: str | None = None
     """The pool an earlier answer placed this attempt on (a held request asking again)."""
+    avoid: tuple[str, ...] = Field(default=(), max_length=256)
+    """Pools this router does not send the group's requests to now (their member's
+    backend is quarantined by its passive health): never placed on."""
 
 
 class PlaceReply(WireModel):

@@ -16,19 +16,22 @@ and names one pool:
    changed since the read: the placement names the copies to choose among, and the group
    store's ``take`` chooses again and counts the request in one script.)
 3. a copy loading for the group with slots to spare (``joins_loading_copy``: single flight);
-4. fewer copies than ``maxCopies``: a load where no busy member is evicted, cheapest
-   eviction first (``cold_cheapest_eviction``, or ``second_copy`` beside other copies);
+4. fewer copies than ``maxCopies``: a load where no busy member is evicted; one that
+   evicts nothing or only copies beyond demand (another group's copy that is resident on
+   another pool too) first, then the cheapest eviction (``cold_cheapest_eviction``, or
+   ``second_copy`` beside other copies);
 5. every copy full: the least busy resident copy, or loading copy;
 6. no copy and no pool to load it: IfIdle is told busy (``busy``), Wait is held on the pool
    with the shortest expected wait (``busy_shortest_wait``).
 
-A pool whose entry is stale (no controller has read it lately) or whose member is in its
-swap-failure backoff is not a candidate.
+A pool whose entry is stale (no controller has read it lately), whose member is in its
+swap-failure backoff or resident but unwell, or that the asking router quarantined is not
+a candidate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from hotseat_common.config.model import PoolActivation
@@ -56,9 +59,14 @@ class CopyState:
     wait_s: float = 0.0
     """The earliest a request held for it could be served (a lower bound)."""
     failed: bool = False
-    """Its last load failed and its backoff runs."""
+    """It cannot serve: its last load failed and its backoff runs, or it is resident but
+    unwell (its pool's health check failed, or the member was marked unwell)."""
     at_ms: int = 0
     """When the pool was read (Redis clock)."""
+    sole: bool = False
+    """Its load evicts a member that is not a copy beyond demand (one that no other pool
+    holds resident for its group): a load that evicts only such copies, or nothing, goes
+    first."""
 
     def same(self, other: CopyState) -> bool:
         """Equal but for when it was read."""
@@ -70,6 +78,7 @@ class CopyState:
             self.unused_ms,
             round(self.wait_s),
             self.failed,
+            self.sole,
         ) == (
             other.resident,
             other.loading,
@@ -78,12 +87,18 @@ class CopyState:
             other.unused_ms,
             round(other.wait_s),
             other.failed,
+            other.sole,
         )
 
 
-def copy_state(snap: PoolSnapshot, policy: PoolPolicy, member: str) -> CopyState:
-    """The entry of ``member`` on this pool, from one snapshot."""
-    failed = snap.failures.get(member, 0) > 0
+def copy_state(
+    snap: PoolSnapshot, policy: PoolPolicy, member: str, surplus: Collection[str] = ()
+) -> CopyState:
+    """The entry of ``member`` on this pool, from one snapshot; ``surplus``: this pool's
+    members that are copies beyond demand (their group is resident on another pool)."""
+    failed = snap.failures.get(member, 0) > 0 or (
+        member in snap.unwell if policy.has_capacity else snap.resident == member and snap.unhealthy
+    )
     in_flight = snap.phase in IN_FLIGHT
     loading = in_flight and snap.target == member
     wait, _ = eta_s(snap, member, snap.now_ms)
@@ -115,6 +130,7 @@ def copy_state(snap: PoolSnapshot, policy: PoolPolicy, member: str) -> CopyState
         wait_s=wait,
         failed=failed,
         at_ms=snap.now_ms,
+        sole=any(m not in surplus for m in evicts),
     )
 
 
@@ -176,14 +192,17 @@ def decide_placement(  # noqa: C901, PLR0911 - one answer per step of the ADR's 
     mode: PoolActivation,
     stale_ms: int,
     placed: str | None = None,
+    avoid: Collection[str] = (),
 ) -> Placement:
-    """Where one request for ``group`` goes (module docstring)."""
+    """Where one request for ``group`` goes (module docstring); never on a pool of
+    ``avoid`` (the asking router quarantined its member's backend)."""
     live = {
         m.pool: c
         for m in group.members
         if (c := snap.copies.get(m.pool)) is not None
         and c.at_ms + stale_ms >= snap.now_ms
         and not c.failed
+        and m.pool not in avoid
     }
 
     def slots(pool: str) -> int:
@@ -223,7 +242,9 @@ def decide_placement(  # noqa: C901, PLR0911 - one answer per step of the ADR's 
             p for p, c in live.items() if p not in resident and p not in loading and c.placeable
         ]
         if candidates:
-            best = min(candidates, key=lambda p: (live[p].cost_s, live[p].unused_ms, p))
+            best = min(
+                candidates, key=lambda p: (live[p].sole, live[p].cost_s, live[p].unused_ms, p)
+            )
             reason = (
                 PlacementReason.SECOND_COPY if copies else PlacementReason.COLD_CHEAPEST_EVICTION
             )

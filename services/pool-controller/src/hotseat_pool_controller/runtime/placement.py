@@ -122,7 +122,12 @@ class GroupPlacer:
         for _ in range(MAX_CLAIMS):
             snap = await self.store.read(request.session)
             placement = decide_placement(
-                group, snap, mode=request.mode, stale_ms=self._stale_ms, placed=request.placed
+                group,
+                snap,
+                mode=request.mode,
+                stale_ms=self._stale_ms,
+                placed=request.placed,
+                avoid=request.avoid,
             )
             pool = placement.pool
             if pool is None:
@@ -199,19 +204,34 @@ def _unplaced(reason: PlacementReason, group: str) -> PlaceReply:
     return PlaceReply(reason=reason, reply=reply)
 
 
+Residency = dict[str, dict[str, bool]]
+"""group -> pool -> the group's member is resident there, as this replica last read it
+(every replica reads every pool): which copies are beyond demand."""
+
+
 class CopyWriter:
     """Keeps one pool's entries in the indexes of the groups it serves: written from each
     snapshot the supervisor reads, when it changed or is half ``refresh_ms`` old."""
 
-    def __init__(self, stores: list[tuple[GroupStore, str]], refresh_ms: int) -> None:
+    def __init__(
+        self, stores: list[tuple[GroupStore, str]], refresh_ms: int, residency: Residency
+    ) -> None:
         self._stores = stores
         """(group store, the group's member on this pool)."""
         self._refresh_ms = refresh_ms
+        self._residency = residency
+        """Shared by the writers of every pool of this replica."""
         self._last: dict[str, CopyState] = {}
 
     async def observe(self, pool: str, snap: PoolSnapshot, policy: PoolPolicy) -> None:
+        surplus = {
+            member
+            for store, member in self._stores
+            if any(on for p, on in self._residency.get(store.group, {}).items() if p != pool)
+        }
         for store, member in self._stores:
-            state = copy_state(snap, policy, member)
+            state = copy_state(snap, policy, member, surplus)
+            self._residency.setdefault(store.group, {})[pool] = state.resident
             last = self._last.get(store.group)
             fresh = (
                 last is not None

@@ -119,6 +119,7 @@ def _copy_json(state: CopyState) -> bytes:
         "w": state.wait_s,
         "f": state.failed,
         "t": state.at_ms,
+        "s": state.sole,
     })  # fmt: skip
 
 
@@ -137,6 +138,7 @@ def _copy_of(raw: bytes | str) -> CopyState:
         wait_s=float(d["w"]),
         failed=bool(d["f"]),
         at_ms=int(d["t"]),
+        sole=bool(d.get("s", False)),
     )
 
 

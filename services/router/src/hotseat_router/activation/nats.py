@@ -316,6 +316,7 @@ class NatsActivationClient:
             hold_s=ask.budget_s,
             priority=ask.priority or None,
             session=ask.session,
+            avoid=ask.avoid,
         )
         where: tuple[str, str] | None = None
         reason: PlacementReason | None = None

@@ -85,6 +85,8 @@ class GroupAsk:
     priority: int = 0
     session: str | None = None
     """The conversation: placed where its last turn was served when that costs no wait."""
+    avoid: tuple[str, ...] = ()
+    """Pools not to place it on (this router quarantined their member's backend)."""
 
 
 @dataclass(frozen=True, slots=True)
