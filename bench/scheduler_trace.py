@@ -15,8 +15,10 @@ Traces (sim loads: planner 1 s, coder 2 s, small 0.5 s, large 2 s):
   longer than ``maxWait`` plus the longest batch stream then running and one swap; the
   defaults hold it until the batch leaves a gap, or answer 503 at the budget.
 - ``priority``: bursts of requests for two low priority members and one high priority
-  member (priority 5, rule level). Target: the high priority p99 hold at most about one
-  swap past the swap it may find in flight, and every low priority request completes.
+  member (priority 5, rule level). Target: the high priority p99 hold at most one swap
+  time, and every low priority request completes. A swap a low request started is
+  retargeted to high while it is still unloading (printed as ``retargeted``); a low
+  member found resident serves its own requests of the burst first (never cut).
 - ``quiet``: a request now and then, with ``idleUnloadAfter: 3s`` and a default member.
   Target: members are unloaded once idle and the default comes back.
 
