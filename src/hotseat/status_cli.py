@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 
 import httpx
@@ -18,6 +18,7 @@ from hotseat_common.messages import (
     POOL_UPDATES_ERROR_EVENT,
     POOL_UPDATES_EVENT,
     POOL_UPDATES_PATH,
+    GroupView,
     PoolList,
     PoolView,
 )
@@ -59,6 +60,32 @@ def _swap(p: PoolView) -> str:
     return f"{p.swapping} ({progress.strip()})"
 
 
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    )
+
+
+def format_groups(groups: list[GroupView]) -> str:
+    """The model groups: where each has copies, and its last placement and why
+    (``placed: gpu2, reason: resident_least_busy``)."""
+    header = ("GROUP", "COPIES", "LOADING", "LEASES", "WAITERS", "LAST PLACEMENT")
+    rows = [
+        (
+            g.name,
+            ",".join(g.copies) or "-",
+            ",".join(g.loading) or "-",
+            _counts(g.leases),
+            _counts(g.waiting),
+            f"placed: {g.placed}, reason: {g.reason}" if g.placed else "-",
+        )
+        for g in groups
+    ]
+    return _table(header, rows)
+
+
 def format_pools(pools: list[PoolView]) -> str:
     header = ("POOL", "RESIDENT", "PHASE", "SWAPPING", "EPOCH", "LEASES", "WAITERS")
     rows = [
@@ -73,11 +100,7 @@ def format_pools(pools: list[PoolView]) -> str:
         )
         for p in pools
     ]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    )
+    return _table(header, rows)
 
 
 RECONNECT_S = 2.0
@@ -114,6 +137,8 @@ def _show(pools: PoolList, args: argparse.Namespace, url: str) -> None:
     if args.watch:
         print(f"{url}  {datetime.now().astimezone():%H:%M:%S}  (Ctrl-C to stop)")
     print(format_pools(pools.pools), flush=True)
+    if pools.groups:
+        print(f"\n{format_groups(pools.groups)}", flush=True)
 
 
 def _watch(args: argparse.Namespace, url: str) -> int:

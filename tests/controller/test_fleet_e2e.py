@@ -17,7 +17,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from hotseat.launcher import free_port
+from hotseat.status_cli import format_groups
 from hotseat_common.keys import Keys
+from hotseat_common.messages import PoolList
 from hotseat_sim.timeline import LedgerEvent
 from tests.controller.test_capacity_e2e import chat
 from tests.support.clients import chat_body, live_stream
@@ -189,6 +191,22 @@ async def test_requests_spread_over_the_warm_copies(make_stack: Make) -> None:
         ("gpu0", "resident_least_busy"): 2,
         ("gpu1", "resident_least_busy"): 2,
     }
+    # Status names the group's copies and its last placement, and why.
+    async with httpx.AsyncClient(timeout=10) as client:
+        listing = PoolList.model_validate_json(
+            (await client.get(f"{stack.controller_url}/v1/pools")).content
+        )
+    [group] = listing.groups
+    last_pool, last_reason = placed(responses[-1])
+    assert (group.name, group.copies, group.loading) == ("assistant", ["gpu0", "gpu1"], [])
+    assert (group.placed, group.reason) == (last_pool, last_reason)
+    row = format_groups(listing.groups).splitlines()[1].split(None, 5)
+    assert (row[0], row[1], row[2], row[5]) == (
+        "assistant",
+        "gpu0,gpu1",
+        "-",
+        f"placed: {last_pool}, reason: {last_reason}",
+    )
     await judged(stack)
 
 

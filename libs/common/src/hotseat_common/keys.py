@@ -75,6 +75,10 @@ class Keys:
         """HASH pool -> until when (ms) a load the group started there counts as loading."""
         return f"{self._group(group)}:claims"
 
+    def group_last(self, group: str) -> str:
+        """STRING: the group's last placement (JSON: pool, reason, when), for status."""
+        return f"{self._group(group)}:last"
+
     def group_version(self, group: str) -> str:
         """STRING: bumped by every claim (a claim applies only on the version it read)."""
         return f"{self._group(group)}:version"

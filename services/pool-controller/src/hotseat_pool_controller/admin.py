@@ -16,8 +16,10 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from hotseat_common.messages import ErrorReply, PoolList, PoolView
+from hotseat_pool_controller.console import read_pools
 from hotseat_pool_controller.model import Decision
 from hotseat_pool_controller.runtime.answers import PoolAnswers
+from hotseat_pool_controller.runtime.placement import GroupPlacer
 
 
 class UnloadBody(BaseModel):
@@ -76,7 +78,11 @@ def _result(pool: str, decision: Decision) -> ActionResult:
     )
 
 
-def admin_router(pools: Mapping[str, PoolAnswers], token: SecretStr | None) -> APIRouter:
+def admin_router(
+    pools: Mapping[str, PoolAnswers],
+    token: SecretStr | None,
+    groups: Mapping[str, GroupPlacer] | None = None,
+) -> APIRouter:
     router = APIRouter(prefix="/v1/pools", tags=["pools"])
     actions = APIRouter(route_class=_token_first(token))
 
@@ -88,7 +94,7 @@ def admin_router(pools: Mapping[str, PoolAnswers], token: SecretStr | None) -> A
 
     @router.get("")
     async def list_pools() -> PoolList:
-        return PoolList(pools=[await p.view() for p in pools.values()])
+        return await read_pools(pools, groups)
 
     @router.get("/{name}")
     async def get_pool(name: str) -> PoolView:

@@ -30,7 +30,12 @@ from hotseat_pool_controller.handlers import ActivationHandlers
 from hotseat_pool_controller.model import PoolPolicy
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.runtime.answers import PoolAnswers
-from hotseat_pool_controller.runtime.placement import CopyWriter, Residency, build_placement
+from hotseat_pool_controller.runtime.placement import (
+    CopyWriter,
+    GroupPlacer,
+    Residency,
+    build_placement,
+)
 from hotseat_pool_controller.runtime.pool import PoolRuntime
 from hotseat_pool_controller.settings import ControllerSettings
 from hotseat_pool_controller.store.health import StoreHealth
@@ -49,9 +54,13 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI: 
     readiness = Readiness()
     pools: dict[str, PoolRuntime] = {}
     answers: dict[str, PoolAnswers] = {}
+    groups: dict[str, GroupPlacer] = {}
     controller = settings.instance_name()
     console = Console(
-        answers, interval=settings.pool_updates_interval, audit_url=settings.audit_url
+        answers,
+        interval=settings.pool_updates_interval,
+        audit_url=settings.audit_url,
+        groups=groups,
     )
 
     @asynccontextmanager
@@ -83,6 +92,7 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI: 
                 answers,
                 stale_ms=round(STALE_TICKS * settings.idle_tick_interval * 1000),
             )
+            groups.update(placers)
             residency: Residency = {}
             for runtime in pools.values():
                 if runtime.name in serves:
@@ -163,7 +173,7 @@ def _routes(
 ) -> None:
     serve_api_docs(app)
     app.include_router(ops_router(readiness, registry))
-    app.include_router(admin_router(answers, settings.admin_token))
+    app.include_router(admin_router(answers, settings.admin_token, console.groups))
     token = settings.admin_token
     console.mount(app, admin=token is not None and bool(token.get_secret_value().strip()))
 

@@ -32,6 +32,7 @@ from hotseat_common.messages.pools import (
     POOL_UPDATES_ERROR_EVENT,
     POOL_UPDATES_EVENT,
     POOL_UPDATES_PATH,
+    GroupView,
     PoolList,
     PoolView,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "DispatchFailureReport",
     "ErrorReply",
     "Granted",
+    "GroupView",
     "IncumbentBusyReply",
     "PlaceReply",
     "PlaceRequest",

@@ -68,10 +68,34 @@ class PoolView(BaseModel):
     (it preloads once, as it starts, when they fit)."""
 
 
+class GroupView(BaseModel):
+    """A model group (docs/adr/0012) as its index shows it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    copies: list[str]
+    """Pools where its member is resident and serves."""
+    loading: list[str]
+    """Pools where a copy is being loaded for it."""
+    leases: dict[str, int]
+    """Pool -> live leases granted through the group."""
+    waiting: dict[str, int]
+    """Pool -> requests placed there and held."""
+    placed: str | None = None
+    """The pool of its last placement (granted or held)."""
+    reason: str | None = None
+    """Why it was placed there (a ``PlacementReason``)."""
+    placed_ms: int | None = None
+    """When (epoch ms, the store's clock)."""
+
+
 class PoolList(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     pools: list[PoolView]
+    groups: list[GroupView] = []
+    """The model groups, when the config has any."""
 
 
 POOL_UPDATES_PATH = "/v1/pool-updates"

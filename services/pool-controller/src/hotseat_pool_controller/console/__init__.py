@@ -32,6 +32,7 @@ from hotseat_pool_controller.console.audit import AuditReader, AuditUnavailable
 from hotseat_pool_controller.console.feed import PoolFeed
 from hotseat_pool_controller.console.timeline import TIMELINE_OUTCOMES, Timeline, build_timeline
 from hotseat_pool_controller.runtime.answers import PoolAnswers
+from hotseat_pool_controller.runtime.placement import GroupPlacer
 
 __all__ = ["Console", "serve_console"]
 
@@ -152,10 +153,16 @@ class Console:
     audit URL is set)."""
 
     def __init__(
-        self, pools: Mapping[str, PoolAnswers], *, interval: float, audit_url: str | None
+        self,
+        pools: Mapping[str, PoolAnswers],
+        *,
+        interval: float,
+        audit_url: str | None,
+        groups: Mapping[str, GroupPlacer] | None = None,
     ) -> None:
         self.pools = pools
-        self.feed = PoolFeed(lambda: read_pools(pools), interval=interval)
+        self.groups: Mapping[str, GroupPlacer] = groups if groups is not None else {}
+        self.feed = PoolFeed(lambda: read_pools(pools, self.groups), interval=interval)
         self.audit = AuditReader(audit_url) if audit_url else None
 
     def mount(self, app: FastAPI, *, admin: bool) -> None:
@@ -242,5 +249,11 @@ async def outcomes_of(audit: AuditReader | None, minutes: int) -> Outcomes:
     return Outcomes(since=since, until=until, rules=rules)
 
 
-async def read_pools(pools: Mapping[str, PoolAnswers]) -> PoolList:
-    return PoolList(pools=[await p.view() for p in pools.values()])
+async def read_pools(
+    pools: Mapping[str, PoolAnswers], groups: Mapping[str, GroupPlacer] | None = None
+) -> PoolList:
+    """Every pool's view, and every model group's (docs/adr/0012)."""
+    return PoolList(
+        pools=[await p.view() for p in pools.values()],
+        groups=[await g.view() for g in (groups or {}).values()],
+    )

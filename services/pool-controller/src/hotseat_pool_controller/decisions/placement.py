@@ -185,6 +185,37 @@ class Placement:
     free); ``False``: every copy is full, the one least over its slots."""
 
 
+@dataclass(frozen=True, slots=True)
+class Copies:
+    """The group's candidate pools in one read of its index."""
+
+    live: dict[str, CopyState]
+    """Fresh, not failed, not avoided: pool -> its entry."""
+    resident: list[str]
+    loading: list[str]
+    """Being made resident for the group (its swap, or a claim that has not expired)."""
+
+
+def copies_of(
+    group: GroupPolicy, snap: GroupSnapshot, *, stale_ms: int, avoid: Collection[str] = ()
+) -> Copies:
+    live = {
+        m.pool: c
+        for m in sorted(group.members, key=lambda m: m.pool)
+        if (c := snap.copies.get(m.pool)) is not None
+        and c.at_ms + stale_ms >= snap.now_ms
+        and not c.failed
+        and m.pool not in avoid
+    }
+    resident = [p for p, c in live.items() if c.resident]
+    loading = [
+        p
+        for p, c in live.items()
+        if not c.resident and (c.loading or snap.claims.get(p, 0) > snap.now_ms)
+    ]
+    return Copies(live, resident, loading)
+
+
 def decide_placement(  # noqa: C901, PLR0911 - one answer per step of the ADR's order
     group: GroupPolicy,
     snap: GroupSnapshot,
@@ -196,14 +227,8 @@ def decide_placement(  # noqa: C901, PLR0911 - one answer per step of the ADR's 
 ) -> Placement:
     """Where one request for ``group`` goes (module docstring); never on a pool of
     ``avoid`` (the asking router quarantined its member's backend)."""
-    live = {
-        m.pool: c
-        for m in group.members
-        if (c := snap.copies.get(m.pool)) is not None
-        and c.at_ms + stale_ms >= snap.now_ms
-        and not c.failed
-        and m.pool not in avoid
-    }
+    copies_now = copies_of(group, snap, stale_ms=stale_ms, avoid=avoid)
+    live, resident, loading = copies_now.live, copies_now.resident, copies_now.loading
 
     def slots(pool: str) -> int:
         member = group.on(pool)
@@ -215,12 +240,6 @@ def decide_placement(  # noqa: C901, PLR0911 - one answer per step of the ADR's 
     def waiting(pool: str) -> int:
         return snap.waiting.get(pool, 0)
 
-    resident = sorted(p for p, c in live.items() if c.resident)
-    loading = sorted(
-        p
-        for p, c in live.items()
-        if not c.resident and (c.loading or snap.claims.get(p, 0) > snap.now_ms)
-    )
     with_room = [p for p in resident if leases(p) < slots(p)]
     if placed in live and (placed in resident or placed in loading or not with_room):
         # A held request stays where it waits, unless a warm copy with room is elsewhere.

@@ -18,6 +18,7 @@ from hotseat_common.messages import (
     AcquireRequest,
     ErrorReply,
     Granted,
+    GroupView,
     IncumbentBusyReply,
     PlacementReason,
     PlaceReply,
@@ -29,6 +30,7 @@ from hotseat_pool_controller.decisions.placement import (
     GroupMember,
     GroupPolicy,
     Placement,
+    copies_of,
     copy_state,
     decide_placement,
 )
@@ -82,7 +84,7 @@ class GroupPlacer:
         member = self.policy.on(pool)
         if answers is None or member is None:
             if reserved:
-                await self._counted(pool, request, None)
+                await self._counted(pool, request, None, None)
             return PlaceReply(
                 reason=PlacementReason.NO_POOL,
                 reply=ErrorReply(code=ErrorCode.UNKNOWN_POOL, message=f"no pool {pool!r} here"),
@@ -104,10 +106,10 @@ class GroupPlacer:
             )
         except BaseException:
             if reserved:
-                await self._counted(pool, request, None)
+                await self._counted(pool, request, None, None)
             raise
         if reserved or isinstance(reply, (Granted, WaitReply)):
-            await self._counted(pool, request, reply)
+            await self._counted(pool, request, reply, reason)
         return PlaceReply(
             pool=pool, member=member.member, backend=member.backend, reason=reason, reply=reply
         )
@@ -144,7 +146,25 @@ class GroupPlacer:
                 return pool, placement.reason, False
         raise ConflictError(f"group {group.name}: every placement lost a race")
 
-    async def _counted(self, pool: str, request: PlaceRequest, reply: object) -> None:
+    async def view(self) -> GroupView:
+        """The group as its index shows it now (for status and the console)."""
+        snap = await self.store.read()
+        copies = copies_of(self.policy, snap, stale_ms=self._stale_ms)
+        last = await self.store.last()
+        return GroupView(
+            name=self.policy.name,
+            copies=copies.resident,
+            loading=copies.loading,
+            leases=dict(sorted(snap.leases.items())),
+            waiting=dict(sorted(snap.waiting.items())),
+            placed=last[0] if last else None,
+            reason=last[1] if last else None,
+            placed_ms=last[2] if last else None,
+        )
+
+    async def _counted(
+        self, pool: str, request: PlaceRequest, reply: object, reason: PlacementReason | None
+    ) -> None:
         """The index counts a grant as a lease, a hold as a waiter, and anything else
         (``None``: no answer) as nothing; the request's reservation ends in each case."""
         if isinstance(reply, Granted):
@@ -165,6 +185,7 @@ class GroupPlacer:
             ttl_ms=ttl_ms,
             session=session,
             session_ttl_ms=session_ttl_ms,
+            reason=reason.value if reason is not None else "",
         )
 
     async def _take(self, attempt: str, placement: Placement) -> tuple[str, PlacementReason] | None:

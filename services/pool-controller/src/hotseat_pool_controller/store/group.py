@@ -82,11 +82,15 @@ return best
 RECORD = LuaScript(
     _NOW
     + """
--- KEYS: leases, waiting, session (or a dummy). ARGV: pool, attempt, lease id ('' while
--- held or refused), ms the lease or the hold lasts (0: refused), session TTL ms (0: no
--- session). The attempt's reservation (take) ends in every case.
+-- KEYS: leases, waiting, session (or a dummy), last. ARGV: pool, attempt, lease id (''
+-- while held or refused), ms the lease or the hold lasts (0: refused), session TTL ms
+-- (0: no session), the placement's reason. The attempt's reservation (take) ends in
+-- every case; a grant or a hold is the group's last placement.
 local waiter = ARGV[1] .. ' ' .. ARGV[2]
 redis.call('ZREM', KEYS[1], ARGV[1] .. ' ~' .. ARGV[2])
+if tonumber(ARGV[4]) > 0 then
+  redis.call('SET', KEYS[4], cjson.encode({pool = ARGV[1], reason = ARGV[6], at = now}))
+end
 if ARGV[3] ~= '' then
   redis.call('ZREM', KEYS[2], waiter)
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[1] .. ' ' .. ARGV[3])
@@ -221,6 +225,7 @@ class GroupStore:
         ttl_ms: int,
         session: str | None,
         session_ttl_ms: int,
+        reason: str = "",
     ) -> None:
         """A grant (the lease counted, the session remembered), a hold (the waiter
         counted until ``ttl_ms``) or a refusal (``ttl_ms`` 0: nothing counted); the
@@ -228,9 +233,29 @@ class GroupStore:
         k, g = self.keys, self.group
         await self.link.script(
             RECORD,
-            keys=[k.group_leases(g), k.group_waiting(g), self._session_key(session)],
-            args=[pool, attempt, lease_id or "", ttl_ms, session_ttl_ms if session else 0],
+            keys=[
+                k.group_leases(g),
+                k.group_waiting(g),
+                self._session_key(session),
+                k.group_last(g),
+            ],
+            args=[
+                pool,
+                attempt,
+                lease_id or "",
+                ttl_ms,
+                session_ttl_ms if session else 0,
+                reason,
+            ],
         )
+
+    async def last(self) -> tuple[str, str, int] | None:
+        """The group's last placement: (pool, reason, when in ms), for status."""
+        raw = await self.link.execute("GET", self.keys.group_last(self.group))
+        if not raw:
+            return None
+        d = orjson.loads(raw)
+        return str(d["pool"]), str(d["reason"]), int(d["at"])
 
     async def touch(self, pool: str, lease_id: str, ttl_ms: int | None) -> None:
         """A renewal (``ttl_ms``) or a release (``None``) of a lease placed by the group."""
