@@ -19,7 +19,7 @@ import yaml
 
 from hotseat.launcher import free_port, start_service
 from hotseat_common.keys import Keys
-from tests.support.clients import StreamResult, live_stream
+from tests.support.clients import StreamResult, live_stream, stream_chat
 from tests.support.stack import Stack, pool_stack_config
 from tests.support.waiting import eventually
 
@@ -55,37 +55,48 @@ def started(stack: Stack) -> Stack:
 
 
 @contextlib.asynccontextmanager
-async def endless_demand(
-    url: str, model: str, *, tokens: int = 20, workers: int = 3
-) -> AsyncIterator[list[int]]:
-    """``workers`` clients each sending requests of about ``tokens`` tokens (one second at
-    judge's 20 tokens/s) for ``model`` back to back, of staggered lengths, so that the
-    member always has one in flight; yields their statuses."""
+async def endless_demand(url: str, model: str, *, tokens: int = 20) -> AsyncIterator[list[int]]:
+    """Streaming requests for ``model`` of ``tokens`` tokens each (one second at judge's
+    20 tokens/s) as a relay: the next is sent once the running one is halfway through,
+    so while the member grants them it always has one in flight (an idle moment would
+    rightly let a waiter's swap start) and never more than two; a request held is not
+    relayed until it streams. Yields once the second is halfway; the statuses of those
+    ended (0 for a stream cut before its end)."""
     statuses: list[int] = []
-    first = asyncio.Event()
-    overlapping = asyncio.Event()
+    established = asyncio.Event()
+    client = httpx.AsyncClient(timeout=httpx.Timeout(90, read=90))
+    running: set[asyncio.Task[StreamResult]] = set()
 
-    async def worker(extra: int) -> None:
-        if extra:
-            await first.wait()
+    def ended(task: asyncio.Task[StreamResult]) -> None:
+        running.discard(task)
+        if not task.cancelled():
+            result = task.result()
+            statuses.append(result.status if result.status != 200 or result.done else 0)
+
+    async def relay() -> None:
+        sent = 0
         while True:
-            response = await chat(url, model, max_tokens=tokens + extra)
-            statuses.append(response.status_code)
-            first.set()
-            if len(statuses) >= 2:
-                overlapping.set()
+            halfway = asyncio.Event()
+            task = asyncio.create_task(stream_chat(client, url, model, tokens, halfway=halfway))
+            running.add(task)
+            task.add_done_callback(ended)
+            sent += 1
+            reached = asyncio.create_task(halfway.wait())
+            await asyncio.wait({task, reached}, return_when=asyncio.FIRST_COMPLETED)
+            reached.cancel()
+            if sent >= 2 and halfway.is_set():
+                established.set()
 
-    tasks = [asyncio.create_task(worker(i * tokens // 3)) for i in range(workers)]
-    # Every worker starts once the first request ends, so at that instant none is in
-    # flight (a request asked then finds the member idle); from the second answer on, the
-    # staggered lengths keep one in flight whenever another ends.
-    await overlapping.wait()
+    relaying = asyncio.create_task(relay())
     try:
+        await established.wait()
         yield statuses
     finally:
-        for task in tasks:
+        relaying.cancel()
+        for task in list(running):
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(relaying, *running, return_exceptions=True)
+        await client.aclose()
 
 
 async def swaps_started(stack: Stack) -> list[dict[str, Any]]:

@@ -80,9 +80,11 @@ async def stream_chat(
     max_tokens: int,
     *,
     first: asyncio.Event | None = None,
+    halfway: asyncio.Event | None = None,
     request_id: str | None = None,
 ) -> StreamResult:
-    """One streaming chat request, read to its end; never raises for a broken stream."""
+    """One streaming chat request, read to its end; never raises for a broken stream.
+    ``first`` is set at its first chunk, ``halfway`` once half its tokens arrived."""
     result = StreamResult(status=0)
     try:
         async with client.stream(
@@ -115,6 +117,8 @@ async def stream_chat(
                     result.error = event["error"]
                 else:
                     result.chunks += 1
+                    if halfway is not None and result.chunks >= max_tokens // 2:
+                        halfway.set()
     except httpx.HTTPError as exc:
         result.broken = f"{type(exc).__name__}: {exc}"
     finally:
