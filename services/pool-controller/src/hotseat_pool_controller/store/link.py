@@ -336,7 +336,10 @@ def _sentinel(settings: RedisSettings, timeout: float) -> Sentinel | None:
         host, _, port = item.strip().rpartition(":")
         addresses.append((host or "127.0.0.1", int(port or 26379)))
     password = settings.redis_sentinel_password
-    return Sentinel(  # type: ignore[no-untyped-call]  # redis-py's Sentinel has no annotations
+    # Through Any: Sentinel has annotations from redis-py 8 on, none before (a call of an
+    # unannotated class is an error under strict typing, an ignore unused by 8 is one too).
+    factory: Any = Sentinel
+    sentinel: Sentinel = factory(
         addresses,
         sentinel_kwargs={
             "socket_timeout": timeout,
@@ -344,6 +347,7 @@ def _sentinel(settings: RedisSettings, timeout: float) -> Sentinel | None:
             "password": password.get_secret_value() if password else None,
         },
     )
+    return sentinel
 
 
 async def _require_primary(conn: _Connection) -> None:
