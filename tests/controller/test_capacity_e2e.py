@@ -502,15 +502,19 @@ def max_wait_config(pool: Mapping[str, Any]) -> dict[str, Any]:
 async def test_without_max_wait_a_waiter_behind_endless_demand_is_held_to_its_budget(
     make_stack: Make,
 ) -> None:
-    """chatty always has a request in flight: without maxWait (sticky residency) a request
-    for coder is held to its budget and answered 503 pool_activation_timeout."""
+    """chatty always has a request in flight (a 10 s stream under its endless demand, so
+    that no gap between its requests can open on a loaded host): without maxWait (sticky
+    residency) a request for coder is held to its budget and answered 503
+    pool_activation_timeout."""
     stack = started(make_stack(max_wait_config({"swapBudget": "4s"})))
     url = stack.routers[0].url
     for member in ("chatty", "small"):
         assert (await chat(url, member)).status_code == 200
     await wait_residents(stack, {"chatty", "small"})
-    async with endless_demand(url, "chatty") as statuses:
-        held = await chat(url, "coder")
+    async with streaming(url, "chatty", tokens=200):
+        await serving(stack, "chatty")  # the stream, alone on it
+        async with endless_demand(url, "chatty") as statuses:
+            held = await chat(url, "coder")
     code = held.json()["error"]["code"] if held.status_code != 200 else None
     assert (held.status_code, code) == (503, "pool_activation_timeout"), held.text
     assert set(statuses) == {200}
@@ -522,26 +526,30 @@ async def test_max_wait_closes_the_busy_resident_a_waiter_needs(make_stack: Make
     """The same endless demand with maxWait 1s: chatty is closed (new requests for it are
     held, the router stops sharing its 15 s lease), drains, and is evicted for coder,
     which is served; small, resident beside them and not needed, keeps serving and is
-    never unloaded; chatty's held requests are served after it comes back, none cut."""
+    never unloaded; chatty's held requests are served after it comes back, none cut. A
+    6 s stream on chatty keeps it busy past maxWait whatever gaps its endless demand has
+    on a loaded host (a gap before maxWait would let coder in without a close)."""
     pool = {"maxWait": "1s", "minResidency": "0s", "leaseTtl": "15s"}
     stack = started(make_stack(max_wait_config(pool)))
     url = stack.routers[0].url
     for member in ("chatty", "small"):
         assert (await chat(url, member)).status_code == 200
     await wait_residents(stack, {"chatty", "small"})
-    async with endless_demand(url, "chatty") as statuses:
-        coder = asyncio.create_task(chat(url, "coder"))
+    async with streaming(url, "chatty", tokens=120):
+        await serving(stack, "chatty")  # the stream, alone on it
+        async with endless_demand(url, "chatty") as statuses:
+            coder = asyncio.create_task(chat(url, "coder"))
 
-        async def chatty_closed() -> bool:
-            return (await stack.pool())["closing"] == ["chatty"]
+            async def chatty_closed() -> bool:
+                return (await stack.pool())["closing"] == ["chatty"]
 
-        await eventually(chatty_closed, timeout=30)
-        assert (await chat(url, "small")).status_code == 200  # not closed: granted at once
-        served = await coder
-        assert (served.status_code, served.headers.get("x-hotseat-backend")) == (200, "coder")
-        assert int(served.headers["x-hotseat-hold-ms"]) >= 1000  # it waited maxWait at least
-        # chatty's held requests, and new ones, are served once it is back.
-        await eventually(answered_past(statuses, len(statuses) + 2), timeout=60)
+            await eventually(chatty_closed, timeout=30)
+            assert (await chat(url, "small")).status_code == 200  # not closed: granted at once
+            served = await coder
+            assert (served.status_code, served.headers.get("x-hotseat-backend")) == (200, "coder")
+            assert int(served.headers["x-hotseat-hold-ms"]) >= 1000  # it waited maxWait at least
+            # chatty's held requests, and new ones, are served once it is back.
+            await eventually(answered_past(statuses, len(statuses) + 2), timeout=60)
     assert set(statuses) == {200}, statuses
     ledger = await stack.judged_ledger()
     assert events(ledger, LedgerEvent.UNLOAD_START, "small") == []

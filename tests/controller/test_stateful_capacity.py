@@ -252,20 +252,6 @@ def test_capacity_pool_with_slots_keeps_the_contract(machine: type[CapacityMachi
     run_to_quiescence(with_slots(machine), examples=60, steps=40)
 
 
-def test_capacity_pool_closing_for_max_wait_keeps_the_contract(
-    machine: type[CapacityMachine],
-) -> None:
-    """The same with maxWait closing the residents a waiter needs as soon as it waits
-    (maxWait and minResidency of a millisecond): closed members get no new lease, none
-    is evicted while a lease is on it, never over capacity, every waiter (the closed
-    members' own included) answered."""
-
-    class Closing(machine):  # type: ignore[misc, valid-type]
-        policy = replace(CAPACITY_POLICY, max_wait_ms=1, min_residency_ms=0)
-
-    run_to_quiescence(Closing, examples=60, steps=40)
-
-
 def test_capacity_gpu_trips_on_an_over_capacity_load() -> None:
     """The GPU's check can fail: b and c (24 GiB) fit, a beside them does not."""
     gpu = CapacityGpu()
