@@ -87,10 +87,16 @@ async def test_status_watch_json_prints_every_step_of_a_swap(stack: Stack) -> No
 
     try:
         await until(lambda p: p["resident"] == "judge" and p["phase"] == "idle")
+        # coder's load lasts until the watch has printed it (a 1 s load could otherwise
+        # end before the stream delivers a loading view, and the watch, which prints only
+        # changes, would never print a swap in flight)
+        await stack.hold_sim("coder", "loading")
         await _force_swap(stack, "coder")
         swapping = await until(lambda p: p["phase"] in {"unloading", "loading"})
         assert swapping["resident"] is None
         assert swapping["swapping"] == "coder"
+        await until(lambda p: p["phase"] == "loading")
+        await stack.hold_sim("coder")
         await until(lambda p: p["resident"] == "coder" and p["phase"] == "idle")
     finally:
         watch.send_signal(signal.SIGINT)
