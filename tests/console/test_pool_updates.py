@@ -78,7 +78,11 @@ async def test_status_watch_json_prints_every_step_of_a_swap(stack: Stack) -> No
 
     async def until(check: Any) -> dict[str, Any]:
         while True:
-            line = await watch.stdout.readline()  # type: ignore[union-attr]
+            try:
+                # Bounds only a hang, so that its report says what the watch printed.
+                line = await asyncio.wait_for(watch.stdout.readline(), 60)  # type: ignore[union-attr]
+            except TimeoutError:
+                raise AssertionError(f"the watch printed nothing for 60 s after {seen}") from None
             assert line, f"the watch ended; it printed {seen}"
             pool: dict[str, Any] = json.loads(line)["pools"][0]
             seen.append(pool)
