@@ -52,6 +52,10 @@ async def _force_swap(stack: Stack, member: str) -> None:
     assert response.json()["status"] == "started"
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _hotseat(*args: str) -> list[str]:
     return [sys.executable, "-m", "hotseat.cli", *args]
 
@@ -72,6 +76,10 @@ async def test_status_watch_json_prints_every_step_of_a_swap(stack: Stack) -> No
     watch = await asyncio.create_subprocess_exec(
         *_hotseat("status", "--url", stack.controller_url, "--watch", "--json"),
         stdout=asyncio.subprocess.PIPE,
+        # Ctrl-C as a terminal sends it: a test run started in the background inherits
+        # SIGINT ignored, and Python then installs no KeyboardInterrupt handler, so the
+        # watch would never see the SIGINT below (the test hung to its timeout so).
+        preexec_fn=_sigint_default,
     )
     assert watch.stdout is not None
     seen: list[dict[str, Any]] = []
