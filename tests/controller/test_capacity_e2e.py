@@ -499,6 +499,16 @@ def max_wait_config(pool: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
+async def chatty_and_small_resident(make_stack: Make, pool: Mapping[str, Any]) -> Stack:
+    """The maxWait pool started, chatty and small each served once and both resident."""
+    stack = started(make_stack(max_wait_config(pool)))
+    url = stack.routers[0].url
+    for member in ("chatty", "small"):
+        assert (await chat(url, member)).status_code == 200
+    await wait_residents(stack, {"chatty", "small"})
+    return stack
+
+
 async def test_without_max_wait_a_waiter_behind_endless_demand_is_held_to_its_budget(
     make_stack: Make,
 ) -> None:
@@ -506,11 +516,8 @@ async def test_without_max_wait_a_waiter_behind_endless_demand_is_held_to_its_bu
     that no gap between its requests can open on a loaded host): without maxWait (sticky
     residency) a request for coder is held to its budget and answered 503
     pool_activation_timeout."""
-    stack = started(make_stack(max_wait_config({"swapBudget": "4s"})))
+    stack = await chatty_and_small_resident(make_stack, {"swapBudget": "4s"})
     url = stack.routers[0].url
-    for member in ("chatty", "small"):
-        assert (await chat(url, member)).status_code == 200
-    await wait_residents(stack, {"chatty", "small"})
     async with streaming(url, "chatty", tokens=200):
         await serving(stack, "chatty")  # the stream, alone on it
         async with endless_demand(url, "chatty") as statuses:
@@ -530,11 +537,8 @@ async def test_max_wait_closes_the_busy_resident_a_waiter_needs(make_stack: Make
     6 s stream on chatty keeps it busy past maxWait whatever gaps its endless demand has
     on a loaded host (a gap before maxWait would let coder in without a close)."""
     pool = {"maxWait": "1s", "minResidency": "0s", "leaseTtl": "15s"}
-    stack = started(make_stack(max_wait_config(pool)))
+    stack = await chatty_and_small_resident(make_stack, pool)
     url = stack.routers[0].url
-    for member in ("chatty", "small"):
-        assert (await chat(url, member)).status_code == 200
-    await wait_residents(stack, {"chatty", "small"})
     async with streaming(url, "chatty", tokens=120):
         await serving(stack, "chatty")  # the stream, alone on it
         async with endless_demand(url, "chatty") as statuses:
