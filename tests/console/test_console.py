@@ -14,6 +14,8 @@ from playwright.async_api import Browser
 
 from tests.console.conftest import StartStack, open_console
 from tests.controller.test_capacity_e2e import capacity_config
+from tests.controller.test_fleet_e2e import fleet_config
+from tests.support.clients import live_stream
 from tests.support.stack import Stack
 
 POOL = '[data-pool="gpu0"]'
@@ -143,5 +145,47 @@ async def test_a_capacity_pool_shows_its_residents_side_by_side(
     await page.wait_for_selector(f'{POOL} [data-track="b"] .span', timeout=45_000)
     assert await page.locator(f'{POOL} .swap-bar[data-outcome="swap_completed"]').count() == 2
     await console.shot("capacity-residents")
+    assert console.offline.refused == []
+    assert console.errors == []
+
+
+GROUP = '[data-group="assistant"]'
+
+
+def copy_row(pool: str, status: str, leases: int) -> str:
+    return f'{GROUP} tr[data-copy="{pool}"][data-status="{status}"][data-leases="{leases}"]'
+
+
+async def test_a_model_group_shows_its_copies_and_its_last_placement(
+    start_console_stack: StartStack, browser: Browser, tmp_path: Path
+) -> None:
+    """The group assistant over gpu0..gpu3, warm on gpu0 and gpu1: with one stream live
+    on each copy, the group's card shows both copies resident with a lease of their 4
+    slots, gpu2 and gpu3 absent, and the last placement and why (the second stream's:
+    gpu1, resident_least_busy)."""
+    defaults = {"gpu0": "assistant", "gpu1": "assistant", "gpu2": "other", "gpu3": "other"}
+    stack = start_console_stack(fleet_config(defaults=defaults))
+    for pool, member in defaults.items():
+        await stack.wait_resident(member, pool=pool, timeout=30)
+    console = await open_console(browser, stack.controller_url, tmp_path / "screenshots")
+    page = console.page
+    await page.wait_for_selector(copy_row("gpu0", "resident", 0))
+    await page.wait_for_selector(copy_row("gpu2", "absent", 0))
+    url = stack.routers[0].url
+    async with (
+        live_stream(url, "assistant", 1200) as first,
+        live_stream(url, "assistant", 1200) as second,
+    ):
+        await page.wait_for_selector(copy_row("gpu0", "resident", 1))
+        await page.wait_for_selector(copy_row("gpu1", "resident", 1))
+        await page.wait_for_selector(f'{GROUP}[data-placed="gpu1"]')
+        assert await page.text_content(f'{GROUP} tr[data-copy="gpu1"] td.num') == "1/4"
+        for pool in ("gpu2", "gpu3"):
+            assert await page.locator(copy_row(pool, "absent", 0)).count() == 1
+        line = await page.text_content(f"{GROUP} .placement") or ""
+        assert "placed: gpu1, reason: resident_least_busy" in line, line
+        await console.shot("model-group")
+        assert not first.done(), "the first stream is live"
+        assert not second.done(), "the second stream is live"
     assert console.offline.refused == []
     assert console.errors == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -68,6 +70,37 @@ class PoolView(BaseModel):
     (it preloads once, as it starts, when they fit)."""
 
 
+class CopyStatus(StrEnum):
+    """A model group's member on one pool, as the group index shows it."""
+
+    RESIDENT = "resident"
+    """Resident, answering and open: placements are granted there."""
+    LOADING = "loading"
+    """Being made resident for the group (its swap, or the group's claim)."""
+    ABSENT = "absent"
+    """Not resident; a placement may load it there."""
+    FAILED = "failed"
+    """Its last load failed (backoff), or it is resident but unwell: not placed."""
+    LOST = "lost"
+    """No controller replica has read its pool lately (or ever): not placed."""
+
+
+class GroupCopyView(BaseModel):
+    """One member of a model group: the group's copy on one pool."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pool: str
+    member: str
+    status: CopyStatus
+    leases: int
+    """Live leases granted through the group on this copy."""
+    slots: int
+    """Requests one copy serves at once (the group's config)."""
+    waiting: int
+    """Requests placed on this copy and held."""
+
+
 class GroupView(BaseModel):
     """A model group (docs/adr/0012) as its index shows it."""
 
@@ -88,6 +121,9 @@ class GroupView(BaseModel):
     """Why it was placed there (a ``PlacementReason``)."""
     placed_ms: int | None = None
     """When (epoch ms, the store's clock)."""
+    members: list[GroupCopyView] = []
+    """Every member pool of the group, in pool order: its copy's status, leases, slots
+    and waiters."""
 
 
 class PoolList(BaseModel):

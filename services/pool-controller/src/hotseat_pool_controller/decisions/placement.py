@@ -35,7 +35,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from hotseat_common.config.model import PoolActivation
-from hotseat_common.messages import PlacementReason
+from hotseat_common.messages import CopyStatus, PlacementReason
 from hotseat_pool_controller.decisions.busy import NOT_READ, incumbent_busy
 from hotseat_pool_controller.decisions.capacity import make_plan, reload_cost_s
 from hotseat_pool_controller.decisions.schedule import eta_s
@@ -214,6 +214,19 @@ def copies_of(
         if not c.resident and (c.loading or snap.claims.get(p, 0) > snap.now_ms)
     ]
     return Copies(live, resident, loading)
+
+
+def copy_status(copies: Copies, snap: GroupSnapshot, pool: str, *, stale_ms: int) -> CopyStatus:
+    """What the group's member on ``pool`` is, for status and the console (``copies``:
+    the same read's :func:`copies_of`)."""
+    if pool in copies.resident:
+        return CopyStatus.RESIDENT
+    if pool in copies.loading:
+        return CopyStatus.LOADING
+    entry = snap.copies.get(pool)
+    if entry is None or entry.at_ms + stale_ms < snap.now_ms:
+        return CopyStatus.LOST
+    return CopyStatus.FAILED if entry.failed else CopyStatus.ABSENT
 
 
 def decide_placement(  # noqa: C901, PLR0911 - one answer per step of the ADR's order

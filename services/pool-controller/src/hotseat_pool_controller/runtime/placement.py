@@ -18,6 +18,7 @@ from hotseat_common.messages import (
     AcquireRequest,
     ErrorReply,
     Granted,
+    GroupCopyView,
     GroupView,
     IncumbentBusyReply,
     PlacementReason,
@@ -32,6 +33,7 @@ from hotseat_pool_controller.decisions.placement import (
     Placement,
     copies_of,
     copy_state,
+    copy_status,
     decide_placement,
 )
 from hotseat_pool_controller.model import PoolPolicy, PoolSnapshot
@@ -160,6 +162,17 @@ class GroupPlacer:
             placed=last[0] if last else None,
             reason=last[1] if last else None,
             placed_ms=last[2] if last else None,
+            members=[
+                GroupCopyView(
+                    pool=m.pool,
+                    member=m.member,
+                    status=copy_status(copies, snap, m.pool, stale_ms=self._stale_ms),
+                    leases=snap.leases.get(m.pool, 0),
+                    slots=m.slots,
+                    waiting=snap.waiting.get(m.pool, 0),
+                )
+                for m in sorted(self.policy.members, key=lambda m: m.pool)
+            ],
         )
 
     async def _counted(

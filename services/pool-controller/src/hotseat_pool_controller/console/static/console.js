@@ -246,6 +246,80 @@ function renderPool(view) {
   else document.getElementById("pools").append(fresh);
 }
 
+// --- model groups -----------------------------------------------------------------------
+
+function placementLine(group) {
+  if (!group.placed) return el("div", { class: "placement muted" }, "No placement yet");
+  return el(
+    "div",
+    { class: "placement", title: group.placed_ms ? `at ${clock(new Date(group.placed_ms).toISOString())}` : null },
+    `placed: ${group.placed}, reason: ${group.reason || "?"}`,
+    group.placed_ms ? el("span", { class: "muted" }, ` \u00b7 ${clock(new Date(group.placed_ms).toISOString())}`) : null,
+  );
+}
+
+function renderGroup(group) {
+  const copies = group.members || [];
+  const rows = copies.map((c) =>
+    el(
+      "tr",
+      {
+        "data-copy": c.pool,
+        "data-status": c.status,
+        "data-leases": c.leases,
+        "data-slots": c.slots,
+        "data-waiting": c.waiting,
+        class: group.placed === c.pool ? "placed" : null,
+      },
+      el("td", {}, c.pool),
+      el("td", {}, c.member),
+      el("td", { class: `state-${c.status}`, text: c.status }),
+      el("td", { class: "num", title: "live leases through the group / requests one copy serves at once", text: `${c.leases}/${c.slots}` }),
+      el("td", { class: "num waiters", text: c.waiting }),
+    ),
+  );
+  return el(
+    "article",
+    { class: "group", id: `group-${group.name}`, "data-group": group.name, "data-placed": group.placed || "", "data-reason": group.reason || "" },
+    el(
+      "div",
+      { class: "pool-head" },
+      el("h2", {}, group.name),
+      el("span", { class: "badge" }, "model group"),
+      el("span", { class: "muted" }, `${group.copies.length} resident, ${group.loading.length} loading`),
+    ),
+    placementLine(group),
+    el(
+      "div",
+      { class: "members-wrap" },
+      el(
+        "table",
+        { class: "copies" },
+        el(
+          "thead",
+          {},
+          el(
+            "tr",
+            {},
+            el("th", {}, "pool"),
+            el("th", {}, "member"),
+            el("th", {}, "copy"),
+            el("th", { class: "num" }, "leases/slots"),
+            el("th", { class: "num" }, "waiting"),
+          ),
+        ),
+        el("tbody", {}, rows),
+      ),
+    ),
+  );
+}
+
+function renderGroups(groups) {
+  const section = document.getElementById("groups");
+  section.hidden = !groups.length;
+  section.replaceChildren(...(groups.length ? [el("h2", {}, "Model groups")] : []), ...groups.map(renderGroup));
+}
+
 // --- timeline ---------------------------------------------------------------------------
 
 function percent(iso, since, span) {
@@ -542,6 +616,7 @@ function onPools(list) {
   live.dataset.state = "live";
   live.textContent = "live";
   notice("");
+  renderGroups(list.groups || []);
   for (const view of list.pools) {
     const before = state.pools.get(view.name);
     state.pools.set(view.name, view);
