@@ -128,6 +128,32 @@ def test_only_enough_idle_members_are_evicted_cheapest_first() -> None:
     assert plan.evicts == ("embedder",)
 
 
+def test_a_copy_beyond_demand_is_evicted_before_a_cheaper_sole_copy() -> None:
+    """docs/adr/0012: reranker is a copy beyond demand (its model group holds it resident
+    on another pool too), embedder the only copy of its model. coder needs one of them
+    gone: reranker goes, although embedder reloads faster and was used longer ago;
+    without the other copy the order is ADR 0008's (embedder)."""
+    s = snap(
+        residents=frozenset({"embedder", "reranker"}),
+        used={"embedder": NOW - 20_000, "reranker": NOW - 10_000},
+        member_swap_times={"embedder": (0.5,), "reranker": (2.5,)},
+    )
+    assert eviction_order(s, POLICY) == ["embedder", "reranker"]
+    plan = make_plan(s, POLICY, "coder")
+    assert plan is not None
+    assert plan.evicts == ("embedder",)
+    beyond = replace(s, surplus=frozenset({"reranker"}))
+    assert eviction_order(beyond, POLICY) == ["reranker", "embedder"]
+    plan = make_plan(beyond, POLICY, "coder")
+    assert plan is not None
+    assert plan.evicts == ("reranker",)
+    # Only idle members go, beyond demand or not: a busy surplus copy is kept.
+    busy = replace(beyond, leases={"reranker": 1})
+    plan = make_plan(busy, POLICY, "coder")
+    assert plan is not None
+    assert plan.evicts == ("embedder",)
+
+
 def test_a_larger_member_spares_a_cheap_one_it_does_not_need() -> None:
     """Greedy order takes the cheap 4 GiB member first, then the 6 GiB one; the 6 GiB one
     alone was enough, so the cheap one stays."""

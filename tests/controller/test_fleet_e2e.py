@@ -449,3 +449,91 @@ async def test_a_lost_pool_stops_receiving_placements(make_stack: Make) -> None:
         await gpu0_only(3)
         stack.controllers["c1"].kill()
         await gpu0_only(3)
+
+
+def capacity_fleet_config() -> dict[str, Any]:
+    """Two capacity pools gpu0 and gpu1 of 24 GiB, each with ``assistant`` (8 GiB, a 2 s
+    load), ``other`` (8 GiB, 0.2 s) and ``coder`` (14 GiB): the group ``assistant`` over
+    both (two copies allowed), and a rule per backend (``gpuN-member``, Wait)."""
+    pools = ("gpu0", "gpu1")
+    members = {
+        "assistant": {"memoryGiB": 8, "load": 2.0},
+        "other": {"memoryGiB": 8, "load": 0.2},
+        "coder": {"memoryGiB": 14, "load": 0.3},
+    }
+    names = [f"{p}-{m}" for p in pools for m in members]
+    return {
+        "router": {"name": "r", "requestTimeout": "60s"},
+        "backends": [
+            {
+                "name": f"{p}-{m}",
+                "address": f"http://127.0.0.1:{free_port()}",
+                "pool": {"name": p, "member": m},
+            }
+            for p in pools
+            for m in members
+        ],
+        "pools": [
+            {
+                "name": p,
+                "swapBudget": "30s",
+                "leaseTtl": "3s",
+                "capacity": {"gpuMemoryGiB": 24},
+                "driver": {"kind": "sim"},
+                "members": [
+                    {
+                        "name": m,
+                        "memoryGiB": spec["memoryGiB"],
+                        "sim": {**SIM, "loadSeconds": spec["load"]},
+                    }
+                    for m, spec in members.items()
+                ],
+            }
+            for p in pools
+        ],
+        "modelGroups": [
+            {
+                "name": "assistant",
+                "maxCopies": 2,
+                "members": [{"backend": f"{p}-assistant", "slots": 4} for p in pools],
+            }
+        ],
+        "rules": [
+            {"name": "assistant", "match": {"models": ["assistant"]},
+             "route": {"backends": ["assistant"]}},
+            *({"name": n, "match": {"models": [n]}, "route": {"backends": [n]}} for n in names),
+        ],
+    }  # fmt: skip
+
+
+async def test_a_capacity_pool_evicts_a_copy_beyond_demand_before_a_sole_copy(
+    make_stack: Make,
+) -> None:
+    """gpu0 holds assistant and other, gpu1 assistant: coder needs one of gpu0's gone.
+    ADR 0008's order alone takes other (it reloads faster); assistant on gpu0 is a copy
+    beyond demand (gpu1 holds it too), so gpu0's plan evicts it instead, and assistant
+    is still served, on gpu1, without a swap."""
+    stack = make_stack(capacity_fleet_config())
+    stack.start_sims()
+    stack.start_controller("c1")
+    stack.start_router()
+    url = stack.routers[0].url
+    for model in ("gpu0-assistant", "gpu0-other", "gpu1-assistant"):
+        response = await chat(url, model)
+        assert response.status_code == 200, response.text
+
+    async def two_copies() -> bool:
+        async with httpx.AsyncClient(timeout=10) as client:
+            body = (await client.get(f"{stack.controller_url}/v1/pools")).content
+        [group] = PoolList.model_validate_json(body).groups
+        return group.copies == ["gpu0", "gpu1"]
+
+    await eventually(two_copies, timeout=30)
+    response = await chat(url, "gpu0-coder")
+    assert response.status_code == 200, response.text
+    ledger = await stack.judged_ledger("gpu0")
+    assert [e.member for e in ledger if e.event is LedgerEvent.UNLOAD_START] == ["assistant"]
+    kept = await chat(url, "assistant")
+    assert kept.status_code == 200
+    assert placed(kept) == ("gpu1", "resident_least_busy")
+    await stack.judged_ledger("gpu1")

@@ -96,8 +96,12 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI: 
             residency: Residency = {}
             for runtime in pools.values():
                 if runtime.name in serves:
-                    runtime.copies = CopyWriter(
-                        serves[runtime.name], round(settings.idle_tick_interval * 1000), residency
+                    runtime.serve_groups(
+                        CopyWriter(
+                            serves[runtime.name],
+                            round(settings.idle_tick_interval * 1000),
+                            residency,
+                        )
                     )
             health = StoreHealth(
                 redis,

@@ -202,6 +202,10 @@ class PoolSnapshot:
     demand: Mapping[str, tuple[float, int]] = field(default_factory=dict)
     """member -> (requests its leases served, decayed as of when; Redis clock): a
     capacity pool's recent demand, decayed further to now by :func:`recent_demand`."""
+    surplus: frozenset[str] = frozenset()
+    """Members that are copies beyond demand: their model group (docs/adr/0012) holds a
+    copy resident on another pool, as this replica last read the group's pools. Not
+    stored: the replica adds it to each read. A capacity pool evicts them first."""
     closing: frozenset[str] = frozenset()
     """A capacity pool's residents closed to new leases: another member waited
     ``maxWait`` and they are what its plan must evict (docs/adr/0008)."""

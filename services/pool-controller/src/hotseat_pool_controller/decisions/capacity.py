@@ -12,10 +12,11 @@ has a capacity.
 - A member absent, no plan in flight: if it fits in the free memory the plan evicts
   nothing; otherwise it evicts idle members (no live lease, no waiter just granted, and
   under ``busySignal: leasesAndSlots`` its ``/slots`` read idle), never pinned ones,
-  cheapest first (expected reload time, then fewest requests lately, then least
-  recently used), and only as many as needed. If no idle set frees enough, the pool
-  drains toward it: Wait holds, IfIdle is told ``incumbent_busy`` at once. With
-  ``maxWait``, once its most urgent waiter has waited that long, the residents of the
+  cheapest first (a copy beyond demand, docs/adr/0012, then expected reload time, then
+  fewest requests lately, then least recently used), and only as many as needed. If no
+  idle set frees enough, the pool drains toward it: Wait holds, IfIdle is told
+  ``incumbent_busy`` at once. With ``maxWait``, once its most urgent waiter has waited
+  that long, the residents of the
   cheapest set that makes room (busy ones included, once resident ``minResidency``)
   are closed: no new lease for them; they drain, and the plan evicts them.
 - Never over capacity: the plan's evicts leave the set when it starts and are confirmed
@@ -139,13 +140,18 @@ def recent_demand(snap: PoolSnapshot, policy: PoolPolicy, member: str) -> float:
     return count * math.pow(0.5, max(0, snap.now_ms - as_of) / policy.demand_half_life_ms)
 
 
-def eviction_cost(snap: PoolSnapshot, policy: PoolPolicy, member: str) -> tuple[int, int, int, str]:
-    """The order in which residents are evicted, cheapest first: the shortest expected
+def eviction_cost(
+    snap: PoolSnapshot, policy: PoolPolicy, member: str
+) -> tuple[bool, int, int, int, str]:
+    """The order in which residents are evicted, cheapest first: a copy beyond demand
+    (``snap.surplus``: its model group is resident on another pool too, docs/adr/0012)
+    before a sole copy, then the shortest expected
     reload (:func:`reload_cost_s`), then the fewest requests lately
     (:func:`recent_demand`, in whole requests: the member least likely to be asked for
     again soon), then least recently used."""
     demand = round(recent_demand(snap, policy, member))
-    return (reload_cost_s(snap, member), demand, snap.used.get(member, 0), member)
+    sole = member not in snap.surplus
+    return (sole, reload_cost_s(snap, member), demand, snap.used.get(member, 0), member)
 
 
 def evictable(policy: PoolPolicy, member: str) -> bool:

@@ -257,12 +257,17 @@ class CopyWriter:
         """Shared by the writers of every pool of this replica."""
         self._last: dict[str, CopyState] = {}
 
-    async def observe(self, pool: str, snap: PoolSnapshot, policy: PoolPolicy) -> None:
-        surplus = {
+    def surplus(self, pool: str) -> frozenset[str]:
+        """This pool's members that are copies beyond demand: their group is resident on
+        another pool, as this replica last read the pools."""
+        return frozenset(
             member
             for store, member in self._stores
             if any(on for p, on in self._residency.get(store.group, {}).items() if p != pool)
-        }
+        )
+
+    async def observe(self, pool: str, snap: PoolSnapshot, policy: PoolPolicy) -> None:
+        surplus = self.surplus(pool)
         for store, member in self._stores:
             state = copy_state(snap, policy, member, surplus)
             self._residency.setdefault(store.group, {})[pool] = state.resident

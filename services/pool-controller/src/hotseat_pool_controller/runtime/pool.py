@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 from redis.exceptions import RedisError
 
@@ -80,6 +81,13 @@ class PoolRuntime:
             stir=self.stir,
             preloads=self.preloads,
         )
+
+    def serve_groups(self, copies: CopyWriter) -> None:
+        """Model groups serve on this pool: keep its entries in their indexes, and give
+        each read of the pool the members that are copies beyond demand (a capacity
+        pool evicts them first, docs/adr/0012)."""
+        self.copies = copies
+        self._store.surplus = partial(copies.surplus, self.name)
 
     @property
     def name(self) -> str:

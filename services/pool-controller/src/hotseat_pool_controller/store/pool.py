@@ -9,7 +9,7 @@ It applies and reports; it decides nothing: every answer comes from a pure decis
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import orjson
@@ -81,6 +81,9 @@ class PoolStore:
         self._reap = LuaScript(scripts.REAP)
         self._grant_fast = LuaScript(scripts.GRANT_FAST)
         self._cancel = LuaScript(scripts.CANCEL)
+        self.surplus: Callable[[], frozenset[str]] = frozenset
+        """This pool's members that are copies beyond demand now (docs/adr/0012): set
+        by the placement wiring when model groups serve on the pool."""
 
     # --- reads --------------------------------------------------------------------
 
@@ -99,7 +102,9 @@ class PoolStore:
         raw = await self.link.script(
             self._snapshot, keys=k.all, args=[orjson.dumps(spec)], identified=True
         )
-        return decode_snapshot(orjson.loads(raw))
+        snap = decode_snapshot(orjson.loads(raw))
+        surplus = self.surplus()
+        return replace(snap, surplus=surplus) if surplus else snap
 
     # --- decisions ----------------------------------------------------------------
 
