@@ -537,3 +537,40 @@ async def test_a_capacity_pool_evicts_a_copy_beyond_demand_before_a_sole_copy(
     assert kept.status_code == 200
     assert placed(kept) == ("gpu1", "resident_least_busy")
     await stack.judged_ledger("gpu1")
+
+
+async def test_a_copy_that_answers_5xx_is_avoided_and_the_request_served_on_another(
+    make_stack: Make,
+) -> None:
+    """assistant warm on gpu0 and gpu1; gpu0's copy answers 500 to these requests (the
+    sim's ``x-sim-status: gpu0-assistant=500``). Each request is placed on gpu0 first
+    (equal copies: the pool name decides), fails there, and the router places it again
+    avoiding gpu0: it is served on gpu1 (without ``avoid`` the group would place it on
+    gpu0 again, each time, and answer 502)."""
+    defaults = {"gpu0": "assistant", "gpu1": "assistant", "gpu2": "other", "gpu3": "other"}
+    stack = started(make_stack(fleet_config(defaults=defaults)))
+    await settle(stack, defaults)
+    url = stack.routers[0].url
+    body = chat_body("assistant", 4)
+    async with httpx.AsyncClient(timeout=60) as client:
+        for k in range(2):
+            response = await client.post(
+                f"{url}/v1/chat/completions",
+                json=body,
+                headers={"x-sim-status": "gpu0-assistant=500", "x-hotseat-request-id": f"r{k}"},
+            )
+            assert response.status_code == 200, response.text
+            assert placed(response) == ("gpu1", "resident_least_busy")
+            assert response.headers["x-hotseat-backend"] == "gpu1-assistant"
+        failed = (await client.get(f"{stack.sims['gpu0-assistant'].url}/debug/requests")).json()
+    assert len(failed["requests"]) == 2, "each request was tried on gpu0 first"
+    served = [
+        e
+        for e in await stack.settled_audit()
+        if e["kind"] == "request" and e["rule"] == "assistant"
+    ]
+    assert sorted((e["request_id"], e["pool"], e["outcome"]) for e in served) == [
+        ("r0", "gpu1", "served"),
+        ("r1", "gpu1", "served"),
+    ]
+    await judged(stack)

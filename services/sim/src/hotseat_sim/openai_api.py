@@ -5,7 +5,8 @@ events ending with ``data: [DONE]``; ``stream_options.include_usage`` adds a las
 with ``usage`` and no choices. While the model is not loaded every endpoint answers 503
 like llama.cpp. A request header ``x-sim-status: <4xx|5xx>`` makes the sim answer that
 status with an OpenAI error body (for tests of how callers treat upstream errors);
-``x-sim-status: <member>=<status>`` does so only on that member's sim.
+``x-sim-status: <name>=<status>`` does so only on the sim whose member or backend is
+``name`` (a backend names one copy of a model that several pools serve).
 """
 
 from __future__ import annotations
@@ -167,13 +168,13 @@ def parse_embeddings(raw: Any) -> EmbeddingRequest:
     return EmbeddingRequest(texts, body.get("model"), dimensions, encoding)
 
 
-def _forced(request: Request, member: str) -> JSONBody | None:
+def _forced(request: Request, names: tuple[str, ...]) -> JSONBody | None:
     value = request.headers.get(FORCE_STATUS_HEADER)
     if value is None:
         return None
     target, sep, status_text = value.rpartition("=")
     if sep:
-        if target != member:
+        if target not in names:
             return None
         value = status_text
     if not value.isdigit() or not 400 <= int(value) <= 599:
@@ -210,7 +211,7 @@ async def _admit(
 
 def _ticket(request: Request, sim: SimRuntime) -> Ticket | Response:
     """Admit the request, or the response that refuses it (forced status, not loaded)."""
-    if (forced := _forced(request, sim.profile.member)) is not None:
+    if (forced := _forced(request, (sim.profile.member, sim.profile.backend))) is not None:
         return forced
     try:
         return sim.model.admit(request_id(request))
