@@ -50,14 +50,16 @@ def _swap(p: PoolView) -> str:
     evicting = ",".join(p.evicting) or p.unloading
     step = "unloading " + evicting if evicting and p.phase == "unloading" else ""
     step = step or ("loading" if p.loading else "")
+    # A capacity pool's plan may load other members at once (docs/adr/0008).
+    loads = ",".join([p.swapping, *p.loading_also])
     if p.swap_elapsed_s is None:
-        return p.swapping
+        return loads
     progress = f"{step} {p.swap_elapsed_s:.0f}s"
     if p.swap_expected_s is not None:
         progress += f" of ~{p.swap_expected_s:.0f}s"
     if p.swap_id is not None:
         progress += f", swap {p.swap_id}"
-    return f"{p.swapping} ({progress.strip()})"
+    return f"{loads} ({progress.strip()})"
 
 
 def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from hotseat.status_cli import format_pools
 from hotseat_common.config.model import BusySignal, PoolActivation
 from hotseat_common.messages import (
     ErrorReply,
@@ -29,18 +30,21 @@ from hotseat_pool_controller.decisions.swap import (
     decide_begin_load,
     decide_commit,
     decide_fail,
+    decide_target_loaded,
     decide_unloads_refused,
 )
 from hotseat_pool_controller.decisions.tick import decide_tick
 from hotseat_pool_controller.model import (
     AcquireAsk,
     AddWaiter,
+    ClearWaiters,
     Decision,
     Phase,
     PoolPolicy,
     PoolSnapshot,
     SetState,
 )
+from hotseat_pool_controller.view import pool_view
 
 NOW = 1_000_000
 ME = "ctl-1"
@@ -549,3 +553,64 @@ def test_demand_never_makes_a_busy_or_pinned_member_evictable_nor_takes_more() -
     plan = make_plan(s, fits, "coder")
     assert plan is not None
     assert plan.evicts == ("reranker",)  # one is enough: the one asked for least
+
+
+def test_a_plan_loads_the_other_waited_members_that_fit_beside_it() -> None:
+    """assistant (6) resident; embedder, reranker and coder wait, embedder the most urgent:
+    the plan for embedder loads reranker beside it (6 + 4 + 4 GiB), not coder (20 GiB,
+    which would need assistant gone: the plan evicts nothing more for the others); the
+    pool view and ``hotseat status`` name both loads."""
+    waiting = snap(
+        residents=frozenset({"assistant"}),
+        waiters={"embedder": 1, "reranker": 1, "coder": 1},
+        urgency={"embedder": NOW - 3_000, "coder": NOW - 2_000, "reranker": NOW - 1_000},
+    )
+    plan = make_plan(waiting, POLICY, "embedder")
+    assert plan is not None
+    assert (plan.target, plan.evicts, plan.also) == ("embedder", (), ("reranker",))
+    decision = decide_tick(waiting, POLICY, ME)
+    assert state_of(decision)["also"] == "reranker"
+    assert decision.swap is not None
+    assert decision.audit[0].also == ("reranker",)
+    loading = replace(
+        waiting, phase=Phase.LOADING, target="embedder", also=("reranker",), started_ms=NOW
+    )
+    assert free_gib(loading, POLICY) == 24 - 6 - 4 - 4
+    view = pool_view(POLICY, loading)
+    assert (view.loading, view.loading_also) == ("embedder", ["reranker"])
+    assert "embedder,reranker (loading" in format_pools([view])
+    # reranker's own commit: it joins the set while embedder still loads.
+    joined = decide_target_loaded(loading, loading.epoch, loading.owner or "", "reranker")
+    assert joined is None  # not this controller's plan
+    mine = replace(loading, owner=ME)
+    joined = decide_target_loaded(mine, mine.epoch, ME, "reranker")
+    assert joined is not None
+    assert state_of(joined)["residents"] == "assistant,reranker"
+    assert joined.pre.version == mine.version
+    after = replace(mine, residents=frozenset({"assistant", "reranker"}))
+    assert pool_view(POLICY, after).loading_also == []
+    ended = decide_commit(after, after.epoch, ME, POLICY)
+    assert ended is not None
+    assert state_of(ended)["residents"] == "assistant,embedder,reranker"
+    assert state_of(ended)["also"] == ""
+
+
+def test_a_failed_plan_of_several_keeps_counting_every_member_not_loaded() -> None:
+    """The plan for embedder and reranker times out after reranker joined the set:
+    embedder stays counted (listed to unload), reranker stays a resident, and embedder's
+    waiters are told."""
+    loading = snap(
+        phase=Phase.LOADING,
+        owner=ME,
+        target="embedder",
+        also=("reranker",),
+        residents=frozenset({"assistant", "reranker"}),
+        waiters={"embedder": 1},
+    )
+    failed = decide_fail(loading, POLICY, loading.epoch, ME, "swap_timeout")
+    assert failed is not None
+    fields = state_of(failed)
+    assert fields["evicts"] == "embedder"
+    assert fields["also"] == ""
+    assert "residents" not in fields
+    assert [op.member for op in failed.ops if isinstance(op, ClearWaiters)] == ["embedder"]

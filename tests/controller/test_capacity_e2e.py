@@ -199,6 +199,56 @@ async def test_two_small_members_serve_while_a_third_loads(make_stack: Make) -> 
     }
 
 
+async def test_two_members_that_fit_together_load_at_once(make_stack: Make) -> None:
+    """x and y (6 GiB each, 2 s loads) are asked for together while slow (8 GiB) loads:
+    they wait for its plan, then one plan loads them both at the same time beside it
+    (their loads overlap on the ledger, swap_started names the other as ``also``), and
+    both are served; the ledger never goes over the 24 GiB."""
+    load = {"loadSeconds": 2.0}
+    stack = started(
+        make_stack(
+            capacity_config(
+                {
+                    # A long load: x's and y's requests are held behind it before it ends.
+                    "slow": {"memoryGiB": 8, "sim": {"loadSeconds": 5.0}},
+                    "x": {"memoryGiB": 6, "sim": load},
+                    "y": {"memoryGiB": 6, "sim": load},
+                }
+            )
+        )
+    )
+    url = stack.routers[0].url
+    on_slow = asyncio.create_task(chat(url, "slow"))
+
+    async def slow_loading() -> bool:
+        return bool(events(await stack.ledger(), LedgerEvent.LOAD_START, "slow"))
+
+    await eventually(slow_loading, timeout=20)
+    both = asyncio.gather(chat(url, "x"), chat(url, "y"))
+
+    async def both_held_behind_slow() -> bool:
+        state = await stack.pool()
+        waiting = state["waiters"]
+        return state["loading"] == "slow" and waiting["x"] > 0 and waiting["y"] > 0
+
+    await eventually(both_held_behind_slow, timeout=20)
+    assert (await on_slow).status_code == 200
+    assert [r.status_code for r in await both] == [200, 200]
+    await wait_residents(stack, {"slow", "x", "y"})
+    ledger = await stack.judged_ledger()  # never over capacity, nothing cut
+    starts = [index(ledger, events(ledger, LedgerEvent.LOAD_START, m)[0]) for m in ("x", "y")]
+    ready = [index(ledger, events(ledger, LedgerEvent.LOADED, m)[0]) for m in ("x", "y")]
+    assert max(starts) < min(ready), "x and y loaded one after the other"
+    slow_ready = index(ledger, events(ledger, LedgerEvent.LOADED, "slow")[0])
+    assert slow_ready < min(starts)
+    pool_events = [e for e in await stack.settled_audit() if e["kind"] == "pool"]
+    started_events = [e for e in pool_events if e["outcome"] == "swap_started"]
+    assert {(e["to_member"], e.get("also")) for e in started_events} in (
+        {("slow", None), ("x", "y")},
+        {("slow", None), ("y", "x")},
+    ), [(e["outcome"], e.get("to_member"), e.get("also"), e.get("reason")) for e in pool_events]
+
+
 async def test_a_large_member_evicts_only_the_idle_member(make_stack: Make) -> None:
     """a streams, b is idle; big (16 GiB) needs 4 GiB more than is free: b alone is
     evicted, a serves on and its stream completes."""

@@ -15,6 +15,11 @@ Invariants, besides those the one-resident machine checks that still apply:
   admin;
 - at the end every waiting request is answered: granted, skipped (IfIdle), or refused
   with an error the contract allows.
+
+A plan may load several members at once (those with waiters that fit together beside
+the set less its evicts): the GPU checks their sum at every load, whatever the order in
+which the machine lets their loads through, and the machine counts the plans that did
+(:attr:`CapacityMachine.several`), so that a run shows it reached them.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dataclasses import replace
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import invariant, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 from hotseat.launcher import Managed
 from hotseat_common.config.model import PoolActivation
@@ -38,7 +43,7 @@ from hotseat_pool_controller.decisions.capacity import (
 )
 from hotseat_pool_controller.decisions.recovery import decide_rebuild
 from hotseat_pool_controller.decisions.start import next_epoch
-from hotseat_pool_controller.model import Phase, PoolSnapshot
+from hotseat_pool_controller.model import Phase, PoolSnapshot, SwapOrder
 from tests.controller.test_stateful import (
     MEMBERS,
     POLICY,
@@ -87,6 +92,10 @@ class CapacityGpu(SimGpu):
 
 class CapacityMachine(ControllerMachine):
     policy = CAPACITY_POLICY
+    several = 0
+    """Plans that loaded several members at once, over every run of this class."""
+    together = 0
+    """Times two loads of one plan were under way on the GPU at the same moment."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -96,6 +105,40 @@ class CapacityMachine(ControllerMachine):
         """An admin emptied the pool (pinned members go too)."""
         self.lost: set[str] = set()
         """Members taken for lost after their health checks failed."""
+        self.also: dict[int, tuple[str, ...]] = {}
+        """epoch -> the other members the plan of that epoch loads beside its target."""
+
+    def start_swap(self, order: SwapOrder, owner: str) -> None:
+        also = self.snapshot().also
+        if also and order.epoch not in self.also:
+            CapacityMachine.several += 1
+        self.also[order.epoch] = also
+        super().start_swap(order, owner)
+
+    def settle(self) -> None:
+        """As the one-resident machine's, and a plan of several that failed failed for
+        each of its members not loaded (their backoff, like its target's)."""
+        running = list(self.swaps)
+        super().settle()
+        for swap in running:
+            if swap in self.swaps or swap.task.cancelled():
+                continue
+            if swap.task.result() == "failed":
+                self.failed |= set(self.also.get(swap.order.epoch, ()))
+        loads = {c.member for c in self.driver.pending if c.kind == "load"}
+        if len(loads) > 1:
+            CapacityMachine.together += 1
+
+    @precondition(lambda self: self.driver.pending)
+    @rule(data=st.data())
+    def fail_swap(self, data: st.DataObject) -> None:
+        """A driver command fails; a load that fails fails its member alone when it is one
+        of several its plan loads (the others go on)."""
+        command = data.draw(st.sampled_from(self.driver.pending))
+        if command.kind == "load":
+            self.failed.add(command.member)
+        self.driver.open(command, fail=True)
+        self.settle()
 
     def rebuild(self) -> None:
         snap = self.snapshot()
@@ -197,7 +240,7 @@ class CapacityMachine(ControllerMachine):
         # left to confirm gone are counted apart: every plan unloads them before it loads.
         committed = set(snap.residents)
         if snap.phase == Phase.LOADING and snap.target:
-            committed |= {snap.target, *snap.evicts}
+            committed |= {snap.target, *snap.also, *snap.evicts}
         assert sum(MEMORY[m] for m in committed) <= CAPACITY_GIB, snap
 
     @invariant()
@@ -230,7 +273,14 @@ def test_capacity_pool_keeps_the_contract(machine: type[CapacityMachine]) -> Non
     """Random interleavings of requests, plans, faults and takeovers on a capacity pool:
     never over capacity, never a busy member evicted, grants only for the set, every
     waiter answered."""
+    CapacityMachine.several = CapacityMachine.together = 0
     run_to_quiescence(machine, examples=80, steps=40)
+    assert CapacityMachine.several > 0, "no plan loaded several members at once"
+    assert CapacityMachine.together > 0, "no two loads of a plan were under way together"
+    print(
+        f"plans of several members: {CapacityMachine.several}, "
+        f"times two loads were under way together: {CapacityMachine.together}"
+    )
 
 
 def test_capacity_pool_with_a_pinned_member_keeps_the_contract(
@@ -295,3 +345,107 @@ def test_a_member_at_work_for_bypassing_traffic_is_not_evicted(
         assert "b" in snap.evicts, snap
         assert "b" not in snap.residents
         m.quiesce()  # its traffic ends: the next plan unloads it, and c loads
+
+
+def test_members_waiting_together_load_at_once(machine: type[CapacityMachine]) -> None:
+    """An admin empties the pool; while its plan unloads a, requests for a and c come
+    (22 GiB together): the next plan loads both at once, their two loads under way on
+    the GPU together; each joins the set when its own load ends, and the other waiter
+    is granted before the second load ends."""
+    wait = PoolActivation.WAIT
+    with warm(machine) as m:  # a, the default, resident
+        m.admin_unload("c1")
+        assert m.driver.pending
+        m.acquire("a", wait, "c1", "client-1")
+        m.acquire("c", wait, "c1", "client-2")
+        _settle_swaps(m)  # the unload; the tick then plans a and c
+        m.tick("c1")
+        loads = sorted(c.member for c in m.driver.pending if c.kind == "load")
+        assert loads == ["a", "c"], (loads, m.snapshot())
+        (load_c,) = [c for c in m.driver.pending if c.member == "c"]
+        m.step(load_c)
+        snap = m.snapshot()
+        assert "c" in snap.residents, snap
+        assert "a" not in snap.residents, snap
+        waiter_c = next(w for w in m.waiting.values() if w.member == "c")
+        m._ask(waiter_c, "c2")
+        assert waiter_c.attempt not in m.waiting, "c's waiter was not granted"
+        _settle_swaps(m)
+        assert m.snapshot().residents == {"a", "c"}
+        assert m.gpu.loaded == {"a", "c"}
+        m.quiesce()
+
+
+def test_a_member_that_fails_beside_another_fails_alone(machine: type[CapacityMachine]) -> None:
+    """The same two loads; c's fails: a still joins the set, c stays counted (its load
+    may have taken memory) until a later plan unloads it, and c's waiter is told."""
+    wait = PoolActivation.WAIT
+    with warm(machine) as m:
+        m.admin_unload("c1")
+        m.acquire("a", wait, "c1", "client-1")
+        m.acquire("c", wait, "c1", "client-2")
+        _settle_swaps(m)
+        m.tick("c1")
+        (load_c,) = [c for c in m.driver.pending if c.kind == "load" and c.member == "c"]
+        m.failed.add("c")
+        m.driver.open(load_c, fail=True)
+        m.settle()
+        snap = m.snapshot()
+        assert "c" in snap.evicts, snap
+        assert "c" not in snap.residents, snap
+        assert snap.phase == Phase.LOADING, snap
+        _settle_swaps(m)
+        snap = m.snapshot()
+        assert snap.residents == {"a"}, snap
+        assert "c" in snap.evicts, snap
+        m.quiesce()
+
+
+def test_members_waiting_together_load_at_once_only_as_far_as_they_fit(
+    machine: type[CapacityMachine],
+) -> None:
+    """An admin empties the pool; while its plan unloads a, requests for a, b and c come
+    (32 GiB together, the GPU has 24): the next plan loads a and b at once (18 GiB, a
+    the most urgent), and c, which fits beside neither sum, waits for a later plan that
+    evicts for it once they are idle."""
+    wait = PoolActivation.WAIT
+    with warm(machine) as m:  # a, the default, resident
+        m.admin_unload("c1")
+        for n, member in enumerate(("a", "b", "c")):
+            m.acquire(member, wait, "c1", f"client-{n}")
+        _settle_swaps(m)
+        m.tick("c1")
+        loads = sorted(c.member for c in m.driver.pending if c.kind == "load")
+        assert loads == ["a", "b"], (loads, m.snapshot())
+        _settle_swaps(m)  # the GPU checks the sum at each load
+        assert m.snapshot().residents == {"a", "b"}
+        m.quiesce()
+        assert "c" in m.gpu.loaded
+
+
+def test_a_takeover_resumes_only_the_loads_not_yet_committed(
+    machine: type[CapacityMachine],
+) -> None:
+    """The plan loading a and c together: c is loaded and joins the set, then its owner
+    dies with a's load under way. The replica that takes the plan over loads a alone (c
+    is not loaded again), and the plan ends with both in the set."""
+    wait = PoolActivation.WAIT
+    with warm(machine) as m:
+        m.admin_unload("c1")
+        m.acquire("a", wait, "c1", "client-1")
+        m.acquire("c", wait, "c1", "client-2")
+        _settle_swaps(m)
+        m.tick("c1")
+        (plan,) = m.swaps
+        (load_c,) = [c for c in m.driver.pending if c.kind == "load" and c.member == "c"]
+        m.step(load_c)
+        assert "c" in m.snapshot().residents
+        m.controller_dies_now(plan.owner)
+        m.tick("c2")  # takes the plan over, in loading
+        resumed = [(c.kind, c.member) for c in m.driver.pending]
+        assert resumed == [("load", "a")], resumed
+        _settle_swaps(m)
+        snap = m.snapshot()
+        assert snap.residents == {"a", "c"}, snap
+        assert snap.phase == Phase.IDLE, snap
+        m.quiesce()

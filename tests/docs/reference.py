@@ -113,7 +113,9 @@ OUTCOMES: dict[str, tuple[str, str]] = {
         "controller",
         (
             "The swap failed (driver error or `swapTimeout`); the target was unloaded and waiters "
-            "got an error. `reason` says why."
+            "got an error. `reason` says why. In a capacity pool a plan that loads several "
+            "members at once has one for each of the others that fails alone (`to_member` it, "
+            "same `swap_id`), before the plan's own end."
         ),
     ),
     "swap_cancelled": (

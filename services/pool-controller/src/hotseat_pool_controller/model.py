@@ -193,6 +193,10 @@ class PoolSnapshot:
     evicts: tuple[str, ...] = ()
     """The members the plan in flight unloads (a capacity pool's), or that a failed plan
     or a loss left to confirm gone."""
+    also: tuple[str, ...] = ()
+    """The other members a capacity pool's plan in flight loads beside its target, at the
+    same time (each joins the set as it is loaded; one that failed is listed in
+    ``evicts``)."""
     unwell: frozenset[str] = frozenset()
     """A capacity pool's residents that fail their health checks while they serve."""
     used: Mapping[str, int] = field(default_factory=dict)
@@ -382,6 +386,9 @@ class AuditIntent:
     load_ms: float | None = None
     evicts: tuple[str, ...] | None = None
     """A capacity pool's plan: the members it evicts (``swap_started``)."""
+    also: tuple[str, ...] | None = None
+    """A capacity pool's plan: the other members it loads beside its target
+    (``swap_started``)."""
 
     @classmethod
     def of_swap(

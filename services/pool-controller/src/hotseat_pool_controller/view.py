@@ -7,7 +7,7 @@ being unloaded or loaded, how long the swap has run and how long it is expected 
 from __future__ import annotations
 
 from hotseat_common.messages import PoolView
-from hotseat_pool_controller.decisions.capacity import free_gib
+from hotseat_pool_controller.decisions.capacity import free_gib, pending_targets
 from hotseat_pool_controller.decisions.hold import measured_swap_s
 from hotseat_pool_controller.decisions.preload import Preloads
 from hotseat_pool_controller.decisions.schedule import ranked, swap_s
@@ -91,6 +91,7 @@ def _capacity_view(
             for m in queue
         },
         residents=sorted(snap.residents),
+        loading_also=[m for m in pending_targets(snap) if m != snap.target] if in_flight else [],
         evicting=list(snap.evicts),
         capacity_gib=policy.capacity_gib,
         free_gib=round(free_gib(snap, policy), 3),

@@ -142,6 +142,9 @@ class AuditEvent(WireModel):
     placement: str | None = None
     """A request for a model group: why it went to its ``pool`` (a
     :class:`~hotseat_common.messages.placement.PlacementReason`, docs/adr/0012)."""
+    also: str | None = None
+    """A capacity pool's ``swap_started``: the other members the plan loads beside its
+    target, at the same time, comma-separated (docs/adr/0008); absent when it loads one."""
 
     @model_validator(mode="after")
     def _outcome_fits_kind(self) -> Self:

@@ -53,6 +53,9 @@ class PoolView(BaseModel):
     residents: list[str] = []
     """A capacity pool's residency set: every member loaded and serving (docs/adr/0008);
     a one-resident pool lists its resident."""
+    loading_also: list[str] = []
+    """A capacity pool: the other members the plan in flight loads beside ``loading``, at
+    the same time, not yet loaded (docs/adr/0008)."""
     evicting: list[str] = []
     """A capacity pool: the members the plan in flight unloads (or, after a failed plan,
     still has to confirm gone)."""

@@ -60,6 +60,7 @@ EVENT_FIELDS: tuple[str, ...] = (
     *OBSERVABILITY_FIELDS,
     "evicts",
     "placement",
+    "also",
     "v",
 )
 """Columns that hold the event itself, in :class:`AuditEvent` field order."""

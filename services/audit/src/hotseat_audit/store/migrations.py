@@ -191,6 +191,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         sqlite=("ALTER TABLE audit_events ADD COLUMN placement TEXT",),
         postgres=("ALTER TABLE audit_events ADD COLUMN placement text",),
     ),
+    Migration(
+        6,
+        "the other members a capacity pool's swap loads beside its target",
+        sqlite=("ALTER TABLE audit_events ADD COLUMN also TEXT",),
+        postgres=("ALTER TABLE audit_events ADD COLUMN also text",),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -19,8 +19,11 @@ has a capacity.
   that long, the residents of the
   cheapest set that makes room (busy ones included, once resident ``minResidency``)
   are closed: no new lease for them; they drain, and the plan evicts them.
+- Several loads at once: a plan also loads, beside its target and at the same time, the
+  other absent members with waiters that fit in the memory it leaves free (most urgent
+  first; it evicts nothing more for them). Each joins the set as soon as it is loaded.
 - Never over capacity: the plan's evicts leave the set when it starts and are confirmed
-  gone before its load begins; the load that starts fits beside the set.
+  gone before its loads begin; the loads that start fit beside the set together.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from hotseat_pool_controller.decisions.hold import (
 )
 from hotseat_pool_controller.decisions.schedule import (
     most_urgent,
+    ranked,
     resident_long_enough,
     swap_s,
     waited_max_wait,
@@ -82,10 +86,13 @@ EPSILON_GIB = 1e-9
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What loading a member takes: the residents it evicts (none when it fits)."""
+    """What loading a member takes: the residents it evicts (none when it fits), and the
+    other members it loads beside it at the same time (``also``), which fit in the memory
+    it leaves free."""
 
     target: str | None
     evicts: tuple[str, ...]
+    also: tuple[str, ...] = ()
 
     @property
     def reason(self) -> SwapReason:
@@ -98,10 +105,11 @@ class Plan:
 def held_gib(snap: PoolSnapshot, policy: PoolPolicy) -> float:
     """The memory the members may hold right now: resident, still to confirm gone (being
     evicted, or left by a failed plan or a loss), or loading (a plan's target loads only
-    once its evicts are gone: in ``unloading`` it holds nothing yet)."""
+    once its evicts are gone: in ``unloading`` it holds nothing yet; so do the members it
+    loads beside it)."""
     members = set(snap.residents) | set(snap.evicts)
     if snap.phase == Phase.LOADING and snap.target:
-        members.add(snap.target)
+        members |= {snap.target, *snap.also}
     return sum(policy.gib(m) for m in members)
 
 
@@ -211,9 +219,30 @@ def make_plan(
         return None
     free = _free_beside_residents(snap, policy)
     if need <= free + EPSILON_GIB:
-        return Plan(target, ())
+        return _with_others(snap, policy, Plan(target, ()))
     chosen = _enough(policy, need, free, eviction_order(snap, policy, slots))
-    return None if chosen is None else Plan(target, chosen)
+    return None if chosen is None else _with_others(snap, policy, Plan(target, chosen))
+
+
+def _with_others(snap: PoolSnapshot, policy: PoolPolicy, plan: Plan) -> Plan:
+    """``plan``, loading beside its target the other absent members with live waiters
+    (most urgent first, none in its failure backoff nor still to confirm gone) that fit
+    in the memory it leaves free: the set less its evicts, its target, and the members
+    taken before; it evicts nothing more for them. Their sum with the set's is checked
+    here, so the loads that start together never go over the capacity."""
+    if plan.target is None:
+        return plan
+    free = _free_beside_residents(snap, policy) - policy.gib(plan.target)
+    free += sum(policy.gib(m) for m in plan.evicts)
+    others = frozenset(policy.members) - snap.residents - {plan.target} - set(snap.evicts)
+    also: list[str] = []
+    for member in ranked(snap, among=others):
+        if snap.failures.get(member, 0) > 0:
+            continue
+        if policy.gib(member) <= free + EPSILON_GIB:
+            also.append(member)
+            free -= policy.gib(member)
+    return Plan(plan.target, plan.evicts, tuple(also))
 
 
 def closing_now(
@@ -284,7 +313,7 @@ def start_plan(
     # Members a failed plan or a loss left unconfirmed are unloaded by this one first (its
     # own target too: a member lost while stalled is stopped before it is loaded afresh).
     leftovers = tuple(m for m in snap.evicts if m not in plan.evicts)
-    plan = Plan(plan.target, (*plan.evicts, *leftovers))
+    plan = Plan(plan.target, (*plan.evicts, *leftovers), plan.also)
     first = plan.evicts[0] if plan.evicts else None
     started = claim(snap, policy, controller, plan.target, first, forced=forced, cause=cause)
     epoch, swap_id = started.epoch, started.swap_id
@@ -292,6 +321,7 @@ def start_plan(
         set_state(
             residents=snap.residents - set(plan.evicts),
             evicts=plan.evicts,
+            also=plan.also,
             parked=unload_only and reason == SwapReason.ADMIN_UNLOAD,
             closed=False,
             closing=frozenset(),
@@ -307,6 +337,7 @@ def start_plan(
         reason=reason or plan.reason,
         request_id=started.cause,
         evicts=plan.evicts,
+        also=plan.also,
         swap_id=swap_id,
     )
     order = SwapOrder(
@@ -336,7 +367,7 @@ def decide_capacity_acquire(  # noqa: PLR0911, PLR0917 - one answer per case of 
     if member in snap.residents:
         return _for_resident(snap, ask, policy, grant)
     if snap.phase in IN_FLIGHT:
-        if member == snap.target or member in snap.evicts:
+        if member == snap.target or member in snap.evicts or member in snap.also:
             return hold(snap, ask, policy, WaitReason.SWAP_IN_FLIGHT, target=snap.target)
         if ask.mode == PoolActivation.IF_IDLE and not _fits_after_plan(snap, policy, member):
             return _busy(snap, ask)
@@ -435,14 +466,15 @@ def _fits_after_plan(snap: PoolSnapshot, policy: PoolPolicy, member: str) -> boo
     """Once the plan in flight commits, ``member`` fits without evicting anything."""
     after = held_gib(snap, policy) + policy.gib(member)
     if snap.phase == Phase.UNLOADING:
-        after += policy.gib(snap.target) - sum(policy.gib(m) for m in snap.evicts)
+        after += policy.gib(snap.target) + sum(policy.gib(m) for m in snap.also)
+        after -= sum(policy.gib(m) for m in snap.evicts)
     return after <= (policy.capacity_gib or 0.0) + EPSILON_GIB
 
 
 def _fits_beside(snap: PoolSnapshot, policy: PoolPolicy, plan: Plan, member: str) -> bool:
     """After ``plan``, ``member`` fits without evicting anything."""
     held = sum(policy.gib(m) for m in snap.residents if m not in plan.evicts)
-    held += policy.gib(plan.target)
+    held += policy.gib(plan.target) + sum(policy.gib(m) for m in plan.also)
     return policy.gib(member) + held <= (policy.capacity_gib or 0.0) + EPSILON_GIB
 
 
@@ -659,13 +691,20 @@ def decide_capacity_admin_unload(
 
 
 def commit_ops(snap: PoolSnapshot) -> tuple[Op, ...]:
-    """A plan's commit: its target joins the set (recorded as just used). What is still
-    listed to unload (a member lost during the plan) stays listed."""
-    residents = snap.residents | ({snap.target} if snap.target else set())
-    ops: list[Op] = [set_state(residents=residents)]
-    if snap.target:
-        ops.append(mark_loaded(snap.target, snap.now_ms))
-    return tuple(ops)
+    """A plan's commit: its target joins the set (recorded as just used), unless it did
+    already (its own commit, beside other loads: :func:`target_loaded_ops`; a target
+    listed to unload was lost since, and stays counted). What is still listed to unload
+    (a member lost during the plan, a member it failed to load) stays listed."""
+    if snap.target is None or snap.target in snap.residents or snap.target in snap.evicts:
+        return (set_state(also=()),)
+    residents = snap.residents | {snap.target}
+    return (set_state(residents=residents, also=()), mark_loaded(snap.target, snap.now_ms))
+
+
+def target_loaded_ops(snap: PoolSnapshot, member: str) -> tuple[Op, ...]:
+    """One of a plan's several targets is loaded: it joins the set at once (its waiters
+    are granted while the others still load)."""
+    return (set_state(residents=snap.residents | {member}), mark_loaded(member, snap.now_ms))
 
 
 def evicts_left(snap: PoolSnapshot, unloaded: tuple[str, ...]) -> tuple[str, ...]:
@@ -679,9 +718,22 @@ def plan_failed_state(snap: PoolSnapshot) -> tuple[Op, ...]:
     its target (its load may have begun, its unload may have failed) stay counted until a
     later plan confirms them gone."""
     owed = list(snap.evicts)
-    if snap.target and snap.target not in owed:
-        owed.append(snap.target)
-    return (set_state(evicts=tuple(owed)),)
+    for member in unloaded_targets(snap):
+        if member not in owed:
+            owed.append(member)
+    return (set_state(evicts=tuple(owed), also=()),)
+
+
+def unloaded_targets(snap: PoolSnapshot) -> tuple[str, ...]:
+    """The plan's targets that did not join the set (its target, then the others it
+    loads beside it)."""
+    targets = (snap.target, *snap.also) if snap.target else ()
+    return tuple(m for m in targets if m not in snap.residents)
+
+
+def pending_targets(snap: PoolSnapshot) -> tuple[str, ...]:
+    """The plan's targets still to load: not in the set, nor failed (listed to unload)."""
+    return tuple(m for m in unloaded_targets(snap) if m not in snap.evicts)
 
 
 def decide_member_lost(

@@ -93,6 +93,7 @@ def decide_rebuild(
                     resident=None,
                     residents=frozenset(on_gpu),
                     evicts=(),
+                    also=(),
                     unwell=unwell & frozenset(on_gpu),
                     target=None,
                     from_member=None,

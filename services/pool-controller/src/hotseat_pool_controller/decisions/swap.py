@@ -5,7 +5,14 @@ swap whose demand left before it), commit the target, or fail. Each step answers
 from __future__ import annotations
 
 from hotseat_common.messages import PoolOutcome, RetargetReason
-from hotseat_pool_controller.decisions.capacity import commit_ops, evicts_left, plan_failed_state
+from hotseat_pool_controller.decisions.capacity import (
+    commit_ops,
+    evicts_left,
+    pending_targets,
+    plan_failed_state,
+    target_loaded_ops,
+    unloaded_targets,
+)
 from hotseat_pool_controller.decisions.schedule import retarget_for
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
@@ -31,6 +38,12 @@ def _owns(snap: PoolSnapshot, epoch: int, controller: str) -> bool:
 
 def _still_owned(epoch: int, controller: str) -> Preconditions:
     return Preconditions(state_equals=owned_by(epoch, controller))
+
+
+def _still_owned_at(snap: PoolSnapshot, epoch: int, controller: str) -> Preconditions:
+    """Still the owner's, and the state unmoved since ``snap``: a step that rewrites the
+    set from what it read (several targets commit concurrently, a loss may come between)."""
+    return Preconditions(state_equals=owned_by(epoch, controller), version=snap.version)
 
 
 def decide_heartbeat(
@@ -68,7 +81,7 @@ def decide_begin_load(
         return _retargeted(snap, epoch, controller, moved)
     capacity = policy is not None and policy.has_capacity
     if snap.target is not None and not snap.forced and snap.live_waiters(snap.target) == 0:
-        left = set_state(evicts=evicts_left(snap, unloaded))
+        left = set_state(evicts=evicts_left(snap, unloaded), also=())
         ended = (_cold_state(), left) if capacity else ()
         return Decision(
             ops=ended or (_cold_state(),),
@@ -159,6 +172,7 @@ def decide_unloads_refused(  # noqa: PLR0917 - the step's own arguments
                 forced=False,
                 parked=False,
                 evicts=tuple(owed) if policy.has_capacity else KEEP,
+                also=() if policy.has_capacity else KEEP,
             ),
         ),
         pre=_still_owned(epoch, controller),
@@ -195,6 +209,9 @@ def decide_commit(
         return None
     seconds = max(0.0, (snap.now_ms - snap.started_ms) / 1000)
     if policy is not None and policy.has_capacity:
+        # A target that joined the set already (its own commit, beside other loads) had
+        # its time recorded then.
+        timed = snap.target is not None and snap.target in pending_targets(snap)
         return Decision(
             ops=(
                 set_state(
@@ -206,7 +223,7 @@ def decide_commit(
                     committed_ms=snap.now_ms,
                 ),
                 *commit_ops(snap),
-                RecordSwapTime(seconds, member=snap.target),
+                *((RecordSwapTime(seconds, member=snap.target),) if timed else ()),
             ),
             pre=_still_owned(epoch, controller),
             audit=(
@@ -235,6 +252,54 @@ def decide_commit(
         audit=(
             AuditIntent.of_swap(
                 PoolOutcome.SWAP_COMPLETED, snap.target, snap.from_member, epoch, snap=snap
+            ),
+        ),
+    )
+
+
+def decide_target_loaded(
+    snap: PoolSnapshot, epoch: int, controller: str, member: str
+) -> Decision | None:
+    """One of a capacity pool's plan's several targets is loaded (docs/adr/0008): it
+    joins the set now, its waiters granted while the others still load; its load time
+    is recorded. The plan's own commit comes once every target ended."""
+    if not _owns(snap, epoch, controller):
+        return None
+    if member in snap.residents or member not in pending_targets(snap):
+        return NOTHING
+    seconds = max(0.0, (snap.now_ms - snap.started_ms) / 1000)
+    return Decision(
+        ops=(*target_loaded_ops(snap, member), RecordSwapTime(seconds, member=member)),
+        pre=_still_owned_at(snap, epoch, controller),
+    )
+
+
+def decide_target_failed(  # noqa: PLR0917 - the step's own arguments
+    snap: PoolSnapshot, policy: PoolPolicy, epoch: int, controller: str, member: str, reason: str
+) -> Decision | None:
+    """One of the other members a capacity pool's plan loads beside its target failed
+    to load: it stays counted (listed to unload: its load may have taken memory) until
+    a later plan confirms it gone, its waiters are told, and it sits out its failure
+    backoff; the plan goes on with its other targets."""
+    if not _owns(snap, epoch, controller):
+        return None
+    if member not in pending_targets(snap):
+        return NOTHING
+    return Decision(
+        ops=(
+            set_state(evicts=(*snap.evicts, member)),
+            ClearWaiters(member),
+            SetFailure(member, reason, policy.failure_backoff_ms),
+        ),
+        pre=_still_owned_at(snap, epoch, controller),
+        audit=(
+            AuditIntent(
+                PoolOutcome.SWAP_FAILED,
+                member=member,
+                to_member=member,
+                epoch=epoch,
+                reason=reason,
+                swap_id=snap.swap_id,
             ),
         ),
     )
@@ -279,11 +344,11 @@ def _capacity_fail(
     """A capacity pool's plan failed: the set keeps its members; what the plan could not
     confirm gone stays counted (``plan_end_state``), its target's waiters are told."""
     ops: list[Op] = [_cold_state(), *plan_failed_state(snap)]
-    if snap.target is not None:
-        ops += [
-            ClearWaiters(snap.target),
-            SetFailure(snap.target, reason, policy.failure_backoff_ms),
-        ]
+    failed = unloaded_targets(snap)
+    if snap.also:  # the other targets that failed already were told then
+        failed = tuple(m for m in failed if m == snap.target or m not in snap.evicts)
+    for member in failed:
+        ops += [ClearWaiters(member), SetFailure(member, reason, policy.failure_backoff_ms)]
     return Decision(
         ops=tuple(ops),
         pre=_still_owned(epoch, controller),

@@ -127,6 +127,8 @@ class Announcer:
         }
         if intent.evicts:
             about["evicts"] = ",".join(intent.evicts)
+        if intent.also:
+            about["also"] = ",".join(intent.also)
         if intent.cache is not None:
             about |= {
                 "cache_saved_bytes": intent.cache.saved_bytes,

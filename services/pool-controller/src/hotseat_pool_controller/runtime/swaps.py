@@ -42,11 +42,14 @@ from hotseat_common.config.model import BusySignal
 from hotseat_common.logging import get_logger
 from hotseat_common.messages import PoolOutcome
 from hotseat_common.tracing import NO_TRACING, Span, Tracing
+from hotseat_pool_controller.decisions.capacity import pending_targets
 from hotseat_pool_controller.decisions.swap import (
     decide_begin_load,
     decide_commit,
     decide_fail,
     decide_heartbeat,
+    decide_target_failed,
+    decide_target_loaded,
     decide_unloads_refused,
     retargeted_to,
 )
@@ -246,7 +249,7 @@ class SwapRunner:
                         result = "cancelled"
                         return result
                     order = began
-                    if order.target:
+                    if order.target and not await self._load_several(order, claim, tally):
                         await self._still_owner(order)
                         with self._driving(spans.DRIVER_LOAD_SPAN, order.target, order):
                             async with claim.driving():
@@ -318,6 +321,55 @@ class SwapRunner:
                 return busy
             await self._unload_others(order, (old,), claim, tally)
         return order
+
+    async def _load_several(self, order: SwapOrder, claim: _Claim, tally: _CacheTally) -> bool:
+        """A capacity pool's plan that loads other members beside its target
+        (docs/adr/0008): every target not yet loaded (a takeover resumes those its
+        predecessor did not commit) loads at the same time, and each joins the set as soon
+        as it is ready. One of the others that fails stays counted and the rest go on; the
+        target's own failure fails the plan once the others ended. ``False``: a plan of
+        one target, loaded as ever."""
+        snap = await self._still_owner(order)
+        if not self._policy.has_capacity or not snap.also:
+            return False
+        loads = pending_targets(snap)
+        async with claim.driving():
+            ended = await asyncio.gather(
+                *(self._load_one(order, m, tally) for m in loads), return_exceptions=True
+            )
+        failures = [e for e in ended if isinstance(e, BaseException)]
+        for error in failures:
+            if not isinstance(error, DriverError):
+                raise error
+        if failures:
+            raise failures[0]
+        return True
+
+    async def _load_one(self, order: SwapOrder, member: str, tally: _CacheTally) -> None:
+        """Load one of several targets (the caller holds the claim's driving), restore its
+        slots, and commit it alone; a member other than the plan's target that fails is
+        recorded failed (a DriverError of the target itself is raised)."""
+        epoch, controller, policy = order.epoch, self._controller, self._policy
+        try:
+            await self._still_owner(order)
+            with self._driving(spans.DRIVER_LOAD_SPAN, member, order):
+                await self._driver.load(member, epoch=epoch)
+            if self._caches is not None and self._caches.carries(member):
+                await self._still_owner(order)
+                self._cache_step(await self._caches.restore_caches(member), tally)
+        except DriverError as exc:
+            if member == order.target:
+                raise
+            reason = str(exc)
+            log.error("swap_target_failed", pool=policy.name, target=member, epoch=epoch,  # noqa: TRY400
+                      reason=reason)  # fmt: skip
+            await self._step(
+                lambda s: decide_target_failed(s, policy, epoch, controller, member, reason),
+                PoolOutcome.SWAP_FAILED,
+                tally,
+            )
+            return
+        await self._step(lambda s: decide_target_loaded(s, epoch, controller, member), "ready")
 
     async def _still_owner(self, order: SwapOrder) -> PoolSnapshot:
         """The pool read just now; :class:`OwnershipLost` unless the swap is still ours."""
@@ -416,8 +468,9 @@ class SwapRunner:
     async def _fail(self, order: SwapOrder, reason: str, claim: _Claim, tally: _CacheTally) -> None:
         log.error(PoolOutcome.SWAP_FAILED, pool=self._policy.name, target=order.target,
                   epoch=order.epoch, reason=reason)  # fmt: skip
-        await self._still_owner(order)
-        if order.target and not await self._at_work(order, claim, (order.target,)):
+        snap = await self._still_owner(order)
+        joined = order.target in snap.residents  # its own commit, beside other loads
+        if order.target and not joined and not await self._at_work(order, claim, (order.target,)):
             try:
                 async with asyncio.timeout(UNLOAD_AFTER_FAILURE_TIMEOUT_S), claim.driving():
                     await self._driver.unload(order.target, epoch=order.epoch)

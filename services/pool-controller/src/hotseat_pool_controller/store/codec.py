@@ -26,6 +26,8 @@ The ``state`` hash, per pool (docs/adr/0001 has the meaning of each field):
     loading    when the swap in flight began its load (ms)
     residents  a capacity pool's residency set, comma-separated (docs/adr/0008)
     evicts     the members a capacity pool's plan in flight unloads, comma-separated
+    also       the other members a capacity pool's plan loads beside its target, at the
+               same time, comma-separated
     unwell     a capacity pool's residents that fail their health checks while they
                serve (no new lease for them), comma-separated
     used.<m>   when member ``m`` was last loaded (the commit) or released its last lease
@@ -107,6 +109,7 @@ def set_state(
     loading_ms: int | _Keep | None = KEEP,
     residents: frozenset[str] | _Keep = KEEP,
     evicts: tuple[str, ...] | _Keep = KEEP,
+    also: tuple[str, ...] | _Keep = KEEP,
     unwell: frozenset[str] | _Keep = KEEP,
     closing: frozenset[str] | _Keep = KEEP,
     bump: bool = True,
@@ -135,6 +138,7 @@ def set_state(
         "loading": loading_ms,
         "residents": KEEP if isinstance(residents, _Keep) else ",".join(sorted(residents)),
         "evicts": KEEP if isinstance(evicts, _Keep) else ",".join(evicts),
+        "also": KEEP if isinstance(also, _Keep) else ",".join(also),
         "unwell": KEEP if isinstance(unwell, _Keep) else ",".join(sorted(unwell)),
         "closing": KEEP if isinstance(closing, _Keep) else ",".join(sorted(closing)),
     }
@@ -259,6 +263,7 @@ def decode_snapshot(raw: Mapping[str, Any]) -> PoolSnapshot:
         attempt_waiting=any(int(m.get("waiting", 0)) for m in members),
         residents=frozenset(_members(state.get("residents"))),
         evicts=_members(state.get("evicts")),
+        also=_members(state.get("also")),
         unwell=frozenset(_members(state.get("unwell"))),
         used={
             k.removeprefix(USED_PREFIX): int(v)
