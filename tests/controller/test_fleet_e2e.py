@@ -574,3 +574,24 @@ async def test_a_copy_that_answers_5xx_is_avoided_and_the_request_served_on_anot
         ("r1", "gpu1", "served"),
     ]
     await judged(stack)
+
+
+async def test_a_cold_burst_puts_at_most_slots_waiters_on_a_loading_copy(
+    make_stack: Make,
+) -> None:
+    """slots 2, maxCopies 2, a 3 s load, assistant cold everywhere: four requests at
+    once wait on two loading copies, two each (joining a loading copy counts the request
+    there in the same script that checks its slots, so the burst does not pile onto the
+    first copy before the second is claimed)."""
+    defaults = dict.fromkeys(POOLS, "other")
+    config = fleet_config(defaults=defaults, slots=2, max_copies=2, assistant_load_s=3.0)
+    stack = started(make_stack(config))
+    await settle(stack, defaults)
+    url = stack.routers[0].url
+    responses = await asyncio.gather(*(chat(url, "assistant") for _ in range(4)))
+    assert [r.status_code for r in responses] == [200] * 4
+    by_pool = Counter(placed(r)[0] for r in responses)
+    assert sorted(by_pool.values()) == [2, 2], by_pool
+    swaps = await swaps_to(stack, "assistant")
+    assert sorted(s["pool"] for s in swaps) == sorted(by_pool)
+    await judged(stack)

@@ -1,7 +1,7 @@
-"""The group index's take (docs/adr/0012) against a real Redis: the copy a request goes
-to is chosen from the live counts and the request counted there in one script, so that
-a burst of concurrent placements spreads over the warm copies exactly as requests placed
-one after another do."""
+"""The group index's take and join (docs/adr/0012) against a real Redis: the copy a
+request goes to is chosen from the live counts and the request counted there in one
+script, so that a burst of concurrent placements spreads over the warm copies (and
+waits on loading copies) exactly as requests placed one after another do."""
 
 from __future__ import annotations
 
@@ -53,3 +53,34 @@ async def test_a_take_prefers_the_session_copy_while_it_has_room(
     copies = [("gpu0", 1), ("gpu1", 1)]
     assert await store.take("a", copies, room=True, prefer="gpu1", reserve_ms=10_000) == "gpu1"
     assert await store.take("b", copies, room=True, prefer="gpu1", reserve_ms=10_000) == "gpu0"
+
+
+async def test_a_burst_of_joins_puts_at_most_slots_waiters_on_each_loading_copy(
+    link: RedisLink, prefix: str
+) -> None:
+    """Concurrent joins of two loading copies (2 and 3 slots): each gets exactly its
+    slots of waiters, the next join finds none (so its placement is decided again and
+    may claim another copy); the read counts the reservations as waiters, and a hold's
+    record replaces its reservation by the waiter."""
+    store = GroupStore(link, Keys(prefix), "assistant")
+    loading = [("gpu0", 2), ("gpu1", 3)]
+    joined = await asyncio.gather(*(
+        store.join(f"a{i}", loading, reserve_ms=10_000) for i in range(5)
+    ))  # fmt: skip
+    assert Counter(joined) == {"gpu0": 2, "gpu1": 3}
+    assert await store.join("late", loading, reserve_ms=10_000) is None
+    assert (await store.read()).waiting == {"gpu0": 2, "gpu1": 3}
+    first, second = joined[0], joined[1]
+    assert first is not None
+    assert second is not None
+    await store.record(first, "a0", lease_id=None, ttl_ms=30_000, session=None, session_ttl_ms=0)
+    waiting = await link.execute("ZRANGE", store.keys.group_waiting("assistant"), 0, -1)
+    entries = {e.decode() if isinstance(e, bytes) else e for e in waiting}
+    assert f"{first} a0" in entries
+    assert f"{first} ~a0" not in entries
+    assert (await store.read()).waiting == {"gpu0": 2, "gpu1": 3}
+    # A join whose acquire answered nothing to count: its reservation ends.
+    await store.record(second, "a1", lease_id=None, ttl_ms=0, session=None, session_ttl_ms=0)
+    expected = Counter({"gpu0": 2, "gpu1": 3})
+    expected[second] -= 1
+    assert (await store.read()).waiting == expected

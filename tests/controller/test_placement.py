@@ -137,12 +137,15 @@ def test_demand_beyond_one_copys_slots_starts_a_second_copy() -> None:
     """With maxCopies 2, the loading copy's waiters reaching its slots start another."""
     copies = {"gpu0": LOADING, "gpu1": COLD, "gpu2": COLD, "gpu3": BUSY}
     two = group(slots=4, max_copies=2)
-    assert place(index(copies, waiting={"gpu0": 3}), group=two).pool == "gpu0"
+    joins = place(index(copies, waiting={"gpu0": 3}), group=two)
+    # The join is made in the store's script that counts the waiter against the slots.
+    assert (joins.pool, joins.join) == ("gpu0", ("gpu0",))
     second = place(index(copies, waiting={"gpu0": 4}), group=two)
     assert (second.pool, second.reason, second.claim) == ("gpu1", PlacementReason.SECOND_COPY, True)
     # maxCopies 1: the request queues on the one copy instead.
     one = place(index(copies, waiting={"gpu0": 4}), group=group(slots=4, max_copies=1))
     assert (one.pool, one.reason) == ("gpu0", PlacementReason.JOINS_LOADING_COPY)
+    assert one.join == (), "no copy left to claim: it queues beyond the slots"
 
 
 def test_full_resident_copies_start_another_only_below_max_copies() -> None:

@@ -183,6 +183,11 @@ class Placement:
     room: bool = True
     """The take chooses only a copy with a free slot (fewest live leases, then most slots
     free); ``False``: every copy is full, the one least over its slots."""
+    join: tuple[str, ...] = ()
+    """A loading copy is joined: the copies to choose among again, in the same script
+    that counts the request as their waiter (the group store's ``join``), so that a cold
+    burst puts at most ``slots`` waiters on a loading copy before a second copy is
+    claimed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +271,9 @@ def decide_placement(  # noqa: C901, PLR0911 - one answer per step of the ADR's 
     joinable = [p for p in loading if waiting(p) < slots(p)]
     if joinable:
         return Placement(
-            min(joinable, key=lambda p: (waiting(p), p)), PlacementReason.JOINS_LOADING_COPY
+            min(joinable, key=lambda p: (waiting(p), p)),
+            PlacementReason.JOINS_LOADING_COPY,
+            join=tuple(joinable),
         )
     copies = len(resident) + len(loading)
     if copies < group.max_copies:

@@ -45,7 +45,9 @@ from hotseat_pool_controller.store.pool import ConflictError
 log = get_logger(__name__)
 
 MAX_CLAIMS = 5
-"""Placements that lost their claim to another one are decided again this often."""
+"""Placements that lost their claim to another one are decided again this often, plus
+twice per copy the group may hold (each copy can be filled by joins, then claimed, under
+one request's feet once)."""
 SESSION_TTL_MS = 30 * 60 * 1000
 """How long a session's pool is remembered after its last turn."""
 BUSY_RETRY_AFTER_S = 1.0
@@ -120,10 +122,10 @@ class GroupPlacer:
         self, request: PlaceRequest
     ) -> tuple[str, PlacementReason, bool] | PlaceReply:
         """The pool, why, and whether the request is already counted there (a take); a
-        reply when no pool can serve it. A take that found every copy filled, or a claim
+        reply when no pool can serve it. A take or a join that found every copy filled, or a claim
         that lost its race, is decided again from a fresh read."""
         group = self.policy
-        for _ in range(MAX_CLAIMS):
+        for _ in range(MAX_CLAIMS + 2 * group.max_copies):
             snap = await self.store.read(request.session)
             placement = decide_placement(
                 group,
@@ -141,11 +143,23 @@ class GroupPlacer:
                 if taken is not None:
                     return taken[0], taken[1], True
                 continue
+            if placement.join:
+                copies = [(m.pool, m.slots) for p in placement.join if (m := group.on(p))]
+                joined = await self.store.join(request.attempt, copies, reserve_ms=RESERVE_MS)
+                if joined is not None:
+                    return joined, PlacementReason.JOINS_LOADING_COPY, True
+                continue
             answers = self._pools.get(pool)
             if not placement.claim or answers is None:
                 return pool, placement.reason, False
-            if await self.store.claim(pool, snap.version, answers.policy.swap_timeout_ms):
-                return pool, placement.reason, False
+            if await self.store.claim(
+                pool,
+                snap.version,
+                answers.policy.swap_timeout_ms,
+                attempt=request.attempt,
+                reserve_ms=RESERVE_MS,
+            ):
+                return pool, placement.reason, True
         raise ConflictError(f"group {group.name}: every placement lost a race")
 
     async def view(self) -> GroupView:

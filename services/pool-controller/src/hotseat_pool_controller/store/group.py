@@ -23,6 +23,17 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
+_COUNT = """
+-- KEYS[1]: a ZSET of '<pool> <id>' entries; its expired entries go, the live ones are
+-- counted per pool in 'count'.
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local count = {}
+for _, e in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local p = string.sub(e, 1, string.find(e, ' ', 1, true) - 1)
+  count[p] = (count[p] or 0) + 1
+end
+"""
+
 READ = LuaScript(
     _NOW
     + """
@@ -40,10 +51,13 @@ return {now, redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1
 CLAIM = LuaScript(
     _NOW
     + """
--- KEYS: version, claims. ARGV: the version read, pool, how long the claim lasts (ms)
+-- KEYS: version, claims, waiting. ARGV: the version read, pool, how long the claim
+-- lasts (ms), attempt, ms its reservation lasts. The claiming request is counted as the
+-- new copy's first waiter at once ('<pool> ~<attempt>', as a join counts).
 if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[1] then return 0 end
 redis.call('INCR', KEYS[1])
 redis.call('HSET', KEYS[2], ARGV[2], now + tonumber(ARGV[3]))
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[5]), ARGV[2] .. ' ~' .. ARGV[4])
 return 1
 """
 )
@@ -56,12 +70,9 @@ TAKE = LuaScript(
 -- Counts the live leases (and reservations) per pool, chooses as decide_placement does
 -- (fewest leases, then most slots free; with no room: least over its slots; then the
 -- name), and reserves a lease entry '<pool> ~<attempt>' for the request.
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local count = {}
-for _, e in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  local p = string.sub(e, 1, string.find(e, ' ', 1, true) - 1)
-  count[p] = (count[p] or 0) + 1
-end
+"""
+    + _COUNT
+    + """
 local room = ARGV[3] == '1'
 local best, k1, k2 = false, 0, 0
 for i = 5, #ARGV, 2 do
@@ -79,15 +90,38 @@ return best
 """
 )
 
+JOIN = LuaScript(
+    _NOW
+    + """
+-- KEYS: waiting. ARGV: attempt, ms the reservation lasts, then pool, slots pairs of the
+-- loading copies in the pools' name order. Counts the live waiters (and reservations)
+-- per pool, chooses the copy with the fewest among those with fewer than its slots (then
+-- the name), and reserves a waiter entry '<pool> ~<attempt>' for the request; false when
+-- every copy has its slots.
+"""
+    + _COUNT
+    + """
+local best, least = false, 0
+for i = 3, #ARGV, 2 do
+  local p, s = ARGV[i], tonumber(ARGV[i + 1])
+  local n = count[p] or 0
+  if n < s and (not best or n < least) then best, least = p, n end
+end
+if best then redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), best .. ' ~' .. ARGV[1]) end
+return best
+"""
+)
+
 RECORD = LuaScript(
     _NOW
     + """
 -- KEYS: leases, waiting, session (or a dummy), last. ARGV: pool, attempt, lease id (''
 -- while held or refused), ms the lease or the hold lasts (0: refused), session TTL ms
--- (0: no session), the placement's reason. The attempt's reservation (take) ends in
--- every case; a grant or a hold is the group's last placement.
+-- (0: no session), the placement's reason. The attempt's reservation (take or join)
+-- ends in every case; a grant or a hold is the group's last placement.
 local waiter = ARGV[1] .. ' ' .. ARGV[2]
 redis.call('ZREM', KEYS[1], ARGV[1] .. ' ~' .. ARGV[2])
+redis.call('ZREM', KEYS[2], ARGV[1] .. ' ~' .. ARGV[2])
 if tonumber(ARGV[4]) > 0 then
   redis.call('SET', KEYS[4], cjson.encode({pool = ARGV[1], reason = ARGV[6], at = now}))
 end
@@ -190,11 +224,16 @@ class GroupStore:
             version=int(version),
         )
 
-    async def claim(self, pool: str, version: int, ttl_ms: int) -> bool:
-        """Start a copy on ``pool`` if no other placement claimed since ``version``."""
+    async def claim(
+        self, pool: str, version: int, ttl_ms: int, *, attempt: str, reserve_ms: int
+    ) -> bool:
+        """Start a copy on ``pool`` if no other placement claimed since ``version``, and
+        count the claiming request as its waiter (a reservation, as :meth:`join`)."""
         k, g = self.keys, self.group
         done = await self.link.script(
-            CLAIM, keys=[k.group_version(g), k.group_claims(g)], args=[version, pool, ttl_ms]
+            CLAIM,
+            keys=[k.group_version(g), k.group_claims(g), k.group_waiting(g)],
+            args=[version, pool, ttl_ms, attempt, reserve_ms],
         )
         return bool(done)
 
@@ -215,6 +254,19 @@ class GroupStore:
             args += [pool, slots]
         taken = await self.link.script(TAKE, keys=[self.keys.group_leases(self.group)], args=args)
         return _text(taken) if taken else None
+
+    async def join(
+        self, attempt: str, copies: list[tuple[str, int]], *, reserve_ms: int
+    ) -> str | None:
+        """Choose among the loading ``copies`` (pool, slots) the one with the fewest live
+        waiters below its slots, and count the request there as a waiter (a reservation
+        until its hold or grant is recorded, or for ``reserve_ms``) in one script;
+        ``None``: every one has its slots of waiters."""
+        args: list[str | int] = [attempt, reserve_ms]
+        for pool, slots in sorted(copies):
+            args += [pool, slots]
+        joined = await self.link.script(JOIN, keys=[self.keys.group_waiting(self.group)], args=args)
+        return _text(joined) if joined else None
 
     async def record(
         self,
