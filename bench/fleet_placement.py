@@ -8,12 +8,19 @@ request for assistant or coder with Zipf-like weights (1 and 1/2), 5 tokens each
 0.5 s load, 0.1 s unload, 50 tokens/s, 4 slots (the groups' ``slots``).
 
 Prints, per fleet size and kind: requests/s, hold p50/p99 (``x-hotseat-hold-ms``), swaps
-started by demand per 100 requests (the controller's ``hotseat_pool_swaps_started_total``
+started by demand per 100 requests, the requests that waited for a load (held 250 ms or
+more) (the controller's ``hotseat_pool_swaps_started_total``
 without the warm-up), and Redis commands (the controllers' Redis, ``INFO commandstats``,
 scripts' inner commands included; the sims keep their ledger in a Redis of their own)
-and NATS messages in (``/varz``) per request.
+and NATS messages in (``/varz``) per request: raw (everything counted during the run)
+and net of the idle background. The background is what the same stack costs with no
+request: the supervisors' ticks, heartbeats and copy entries, which grow with the
+pools and not with the requests. It is measured on the same stack over a quiet window
+after the run (``--idle-seconds``, once the last leases have ended), as a rate, and the
+net count is ``(raw - rate x run time) / requests``.
 
     .venv/bin/python bench/fleet_placement.py [--pools 1,4,16] [--requests 300]
+        [--idle-seconds 20] [--models assistant] [--by-command]
 
 A measurement, not a test: counts are what noise cannot move; read the times with the
 machine's load beside them.
@@ -46,6 +53,9 @@ from hotseat.launcher import free_port  # noqa: E402
 MODELS = {"assistant": 1.0, "coder": 0.5}
 SIM = {"loadSeconds": 0.5, "unloadSeconds": 0.1, "tokensPerSecond": 50, "slots": 4}
 TOKENS = 5
+WAITED_MS = 250.0
+"""A request held at least this long waited for a load (half a sim's load time): the
+``waited`` column counts them (each re-asks the controller while it waits)."""
 
 
 def config(pools: int, *, grouped: bool) -> dict[str, Any]:
@@ -97,12 +107,32 @@ class Run:
     swaps: int = 0
     redis: int = 0
     nats_in: int = 0
+    idle_redis_s: float = 0.0
+    """Redis commands per second with no request (the quiet window after the run)."""
+    idle_nats_s: float = 0.0
+    """NATS messages in per second with no request."""
+    by_command: Counter[str] = field(default_factory=Counter)
+    """Redis calls per command during the run."""
+    idle_by_command: Counter[str] = field(default_factory=Counter)
+    """Redis calls per command during the quiet window."""
+    idle_window: float = 0.0
+    """The quiet window's length (s)."""
+
+    def net(self, raw: int, per_s: float, n: int) -> float:
+        """Per request, net of the idle background over the run's time."""
+        return (raw - per_s * self.seconds) / n
+
+
+LAST_BY_COMMAND: Counter[str] = Counter()
+"""Redis calls per command at the last :func:`counters` read (for ``--by-command``)."""
 
 
 async def counters(
     client: aioredis.Redis, http: httpx.AsyncClient, monitor: str
 ) -> tuple[int, int]:
     stats = await client.info("commandstats")
+    LAST_BY_COMMAND.clear()
+    LAST_BY_COMMAND.update({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
     commands = sum(int(v["calls"]) for v in stats.values()) - 1  # this read's own INFO
     varz = (await http.get(monitor + "/varz")).json()
     return commands, int(varz["in_msgs"])
@@ -123,7 +153,8 @@ async def one(args: argparse.Namespace, infra: shared.Infra, pools: int, *, grou
     work = Path(tempfile.mkdtemp(prefix="hotseat-placement-"))
     stack = shared.Fleet(
         work, infra, config(pools, grouped=grouped), prefix="f" + uuid.uuid4().hex[:8],
-        env=shared.FAST_TIMINGS,
+        env={**shared.FAST_TIMINGS, **({"HOTSEAT_TICK_INTERVAL": str(args.tick_interval)}
+                                      if args.tick_interval else {})},
     )  # fmt: skip
     run = Run()
     try:
@@ -140,10 +171,12 @@ async def one(args: argparse.Namespace, infra: shared.Infra, pools: int, *, grou
             ):
                 await asyncio.sleep(0.1)  # polling a state no event announces
             rng = random.Random(args.seed)
-            wanted = rng.choices(list(MODELS), list(MODELS.values()), k=args.requests)
+            asked = {m: MODELS[m] for m in args.models.split(",")}
+            wanted = rng.choices(list(asked), list(asked.values()), k=args.requests)
             queue = list(reversed(wanted))
             before_swaps = await swaps(http, controller)
             r0, n0 = await counters(client, http, monitor)
+            c0 = Counter(LAST_BY_COMMAND)
             started = time.monotonic()
 
             async def worker() -> None:
@@ -160,8 +193,20 @@ async def one(args: argparse.Namespace, infra: shared.Infra, pools: int, *, grou
             await asyncio.gather(*(worker() for _ in range(args.concurrency)))
             run.seconds = time.monotonic() - started
             r1, n1 = await counters(client, http, monitor)
+            run.by_command = Counter(LAST_BY_COMMAND) - c0
             run.swaps = await swaps(http, controller) - before_swaps
             run.redis, run.nats_in = r1 - r0, n1 - n0
+            # The quiet window: the same stack with no request, once the run's last
+            # leases have ended (a bench waits out a lease time; nothing announces it).
+            await asyncio.sleep(args.settle_seconds)
+            i0, m0 = await counters(client, http, monitor)
+            c0 = Counter(LAST_BY_COMMAND)
+            quiet = time.monotonic()
+            await asyncio.sleep(args.idle_seconds)
+            i1, m1 = await counters(client, http, monitor)
+            run.idle_by_command = Counter(LAST_BY_COMMAND) - c0
+            window = run.idle_window = time.monotonic() - quiet
+            run.idle_redis_s, run.idle_nats_s = (i1 - i0) / window, (m1 - m0) / window
         await client.aclose()
     finally:
         stack.stop()
@@ -179,6 +224,16 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--idle-seconds", type=float, default=20.0,
+                        help="the quiet window that measures the idle background")  # fmt: skip
+    parser.add_argument("--tick-interval", type=float, default=None,
+                        help="supervisor tick of a busy pool (default 0.1 s)")  # fmt: skip
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help="the models asked for (every pool can hold both)")  # fmt: skip
+    parser.add_argument("--by-command", action="store_true",
+                        help="also print Redis calls per request by command")  # fmt: skip
+    parser.add_argument("--settle-seconds", type=float, default=5.0,
+                        help="wait after the run before the quiet window (leases end)")  # fmt: skip
     args = parser.parse_args()
     infra = shared.start_infra(Path(tempfile.mkdtemp(prefix="hotseat-infra-")), monitor=True,
                                sims_redis=True)  # fmt: skip
@@ -192,9 +247,21 @@ async def main() -> None:
                     f"{pools:>3} pool(s) {kind:>13}: {n / run.seconds:6.1f} req/s"
                     f"  hold p50 {pct(run.holds, 0.5):6.0f} ms  p99 {pct(run.holds, 0.99):6.0f} ms"
                     f"  swaps/100 {100 * run.swaps / n:5.1f}  failed {run.failed}"
-                    f"  Redis {run.redis / n:6.2f}/req  NATS in {run.nats_in / n:5.2f}/req",
+                    f"  waited {sum(h >= WAITED_MS for h in run.holds):3d}"
+                    f"  Redis {run.redis / n:6.2f}/req  NATS in {run.nats_in / n:5.2f}/req"
+                    f"  idle: Redis {run.idle_redis_s:6.1f}/s  NATS in {run.idle_nats_s:5.1f}/s"
+                    f"  net: Redis {run.net(run.redis, run.idle_redis_s, n):6.2f}/req"
+                    f"  NATS in {run.net(run.nats_in, run.idle_nats_s, n):5.2f}/req",
                     flush=True,
                 )
+                if args.by_command:
+                    top = run.by_command.most_common(12)
+                    idle, share = run.idle_by_command, run.seconds / run.idle_window / n
+                    print(
+                        "      per request (raw / idle share):  "
+                        + "  ".join(f"{c} {v / n:.1f}/{idle[c] * share:.1f}" for c, v in top),
+                        flush=True,
+                    )
     finally:
         infra.stop()
 
