@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -37,16 +38,42 @@ _RECENT_PORTS: deque[int] = deque(maxlen=4096)
 """Ports :func:`free_port` handed out lately: nothing holds them until their user binds."""
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10_000
+"""The lowest port :func:`free_port` hands out below the kernel's ephemeral range."""
+
+
+def ephemeral_ports() -> tuple[int, int] | None:
+    """The range the kernel takes outgoing connections' source ports from (Linux), or
+    ``None`` where it cannot be read."""
+    try:
+        low, high = EPHEMERAL_RANGE_FILE.read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now and that this process did not hand out lately.
 
     The kernel may give the same free port to two calls in a row, and a port handed out
     stays free until its user binds it: without the memory of recent ports, two
     processes of one stack (or a test's "nothing listens here" address and a server it
-    starts next) could be given one port."""
+    starts next) could be given one port. It is taken below the kernel's ephemeral range
+    where that range is known: a port from it (what binding port 0 gives) can meanwhile
+    become the source port of any outgoing connection on the machine, and the server
+    then fails to bind it ("address already in use")."""
+    ephemeral = ephemeral_ports()
+    below = ephemeral[0] - 1 if ephemeral is not None else 0
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
+            if below > LOWEST_PORT:
+                try:
+                    sock.bind((host, random.randint(LOWEST_PORT, below)))  # noqa: S311
+                except OSError:
+                    continue  # in use (or lingering): another
+            else:
+                sock.bind((host, 0))
             port = int(sock.getsockname()[1])
         if port not in _RECENT_PORTS:
             _RECENT_PORTS.append(port)

@@ -4,12 +4,22 @@ process behind."""
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import nats
+import pytest
 import redis.asyncio as aioredis
 
-from hotseat.launcher import Managed, nats_reachable, redis_reachable, start_nats, start_redis
+from hotseat.launcher import (
+    Managed,
+    ephemeral_ports,
+    free_port,
+    nats_reachable,
+    redis_reachable,
+    start_nats,
+    start_redis,
+)
 
 
 def _gone(pid: int) -> bool:
@@ -56,3 +66,17 @@ def test_reachability_detects_running_servers(nats_server: Managed, redis_server
     assert redis_reachable(redis_server.url)
     assert not nats_reachable(redis_server.url.replace("redis", "nats"))
     assert not redis_reachable("redis://127.0.0.1:1/0")
+
+
+def test_free_ports_are_taken_below_the_kernels_ephemeral_range() -> None:
+    """A port from the ephemeral range can become an outgoing connection's source port
+    before the server that was given it binds it; free_port takes none of those, never
+    hands out one port twice, and each can be bound."""
+    ephemeral = ephemeral_ports()
+    if ephemeral is None:
+        pytest.skip("the kernel's ephemeral range cannot be read here")
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    assert all(not ephemeral[0] <= p <= ephemeral[1] for p in ports), ports
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", ports[-1]))
