@@ -206,6 +206,26 @@ def test_a_capacity_pools_residents_come_and_go_each_on_its_own() -> None:
     assert [s.reason for s in timeline.swaps] == ["evict_idle", "fits"]
 
 
+def test_a_plan_of_several_members_shows_each_of_them_and_ends_once() -> None:
+    """A capacity pool's plan loads x with y and z at once (``also``); z fails alone (its
+    own swap_failed, same swap id): the plan is one swap, ended by its own completion,
+    after which x and y are resident and z is not."""
+    events = [
+        pool_event("swap_started", 20, epoch=4, swap_id="p-1", to_member="x", also="y,z",
+                   reason="fits"),
+        pool_event("swap_failed", 22, epoch=4, swap_id="p-1", to_member="z", reason="boom"),
+        pool_event("swap_completed", 23, epoch=4, swap_id="p-1", to_member="x"),
+    ]  # fmt: skip
+    now = view(None, residents=["x", "y"], capacity_gib=24.0, free_gib=2.0)
+    timeline = build_timeline(now, events, [], since=SINCE, until=UNTIL)
+    assert [(s.swap_id, s.outcome) for s in timeline.swaps] == [("p-1", "swap_completed")]
+    spans = {(s.member, s.start, s.end) for s in timeline.residency}
+    assert spans == {
+        ("x", T0 + timedelta(seconds=23), UNTIL),
+        ("y", T0 + timedelta(seconds=23), UNTIL),
+    }
+
+
 async def test_the_feed_reads_once_for_every_watcher_and_sends_only_changes() -> None:
     """Two watchers get the pools at once, then only what changed; a read serves both;
     closing the feed ends both watches."""

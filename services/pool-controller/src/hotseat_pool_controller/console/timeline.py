@@ -130,6 +130,10 @@ class _Swap:
         self.load_ms: float | None = None
         self.cause_request_id: str | None = None
         self.waiters: list[TimelineRequest] = []
+        self.also: list[str] = []
+        """A capacity pool's plan: the other members it loads at once (ADR 0008)."""
+        self.failed_alone: set[str] = set()
+        """Those of them whose load failed alone (the plan went on)."""
 
     def take(self, event: Mapping[str, Any]) -> None:
         for name in ("swap_id", "epoch", "from_member", "to_member"):
@@ -226,6 +230,21 @@ class _Residency:
         return sorted(self.spans, key=lambda span: (span.start, span.member))
 
 
+def _failed_alone(
+    open_swaps: Mapping[tuple[str, object], _Swap],
+    key: tuple[str, object] | None,
+    event: Mapping[str, Any],
+) -> bool:
+    """``event`` ends one of the other members a capacity pool's plan loads at once, which
+    failed alone (ADR 0008): the plan goes on, and ends with its own event."""
+    going = open_swaps.get(key) if key is not None else None
+    member = event.get("to_member")
+    if going is None or member not in going.also:
+        return False
+    going.failed_alone.add(str(member))
+    return True
+
+
 def _pair_swaps(
     events: Iterable[Mapping[str, Any]], since: datetime, residency: _Residency
 ) -> list[_Swap]:
@@ -242,12 +261,13 @@ def _pair_swaps(
             swap.take(event)
             swap.reason = event.get("reason")
             swap.cause_request_id = event.get("request_id")
+            swap.also = [m for m in str(event.get("also") or "").split(",") if m]
             swaps.append(swap)
             if key is not None:
                 open_swaps[key] = swap
             residency.leave(event.get("from_member"), at)
             continue
-        if outcome not in TERMINAL:
+        if outcome not in TERMINAL or _failed_alone(open_swaps, key, event):
             continue
         found = open_swaps.pop(key, None) if key is not None else None
         if found is None:  # started before the window
@@ -265,6 +285,9 @@ def _pair_swaps(
         found.unload_ms, found.load_ms = event.get("unload_ms"), event.get("load_ms")
         if outcome == PoolOutcome.SWAP_COMPLETED.value:
             residency.enter(event.get("to_member") or found.to_member, at)
+            # The others it loaded at once: each joined as it was ready, by the plan's end.
+            for member in [m for m in found.also if m not in found.failed_alone]:
+                residency.enter(member, at)
     return swaps
 
 
