@@ -32,6 +32,7 @@ from hotseat_pool_controller.model import (
     Phase,
     PoolPolicy,
     PoolSnapshot,
+    RecordDrainTime,
     RecordSwapTime,
     SetState,
 )
@@ -192,7 +193,12 @@ def test_the_first_request_to_see_max_wait_closes_the_resident_itself() -> None:
     due = busy_resident(waited_ms=7_000, resident_for_ms=60_000)
     d = decide_acquire(due, ask("chat"), FAIR, ME)
     assert isinstance(d.reply, WaitReply)
-    assert state_of(d) == {"phase": "draining", "target": "coder", "closed": "1"}
+    assert state_of(d) == {
+        "phase": "draining",
+        "target": "coder",
+        "closed": "1",
+        "closedat": str(NOW),
+    }
 
 
 def test_if_idle_requests_for_a_closed_resident_are_skipped() -> None:
@@ -217,6 +223,78 @@ def test_min_residency_defaults_to_twice_the_measured_swap() -> None:
     unset = replace(FAIR, min_residency_ms=None)
     assert min_residency_ms(snap(), unset) == 1_000
     assert min_residency_ms(snap(swap_times=(3.0, 5.0)), unset) == 8_000
+
+
+def test_a_resident_that_drains_slowly_closes_earlier_by_its_measured_drain() -> None:
+    """With chat's drains measured (up to 1.5 s), chat closes once coder's waiter has
+    waited maxWait less that drain (3.5 s of 5 s), so the drain ends near maxWait; a
+    moment earlier it does not; unmeasured, it closes at maxWait as before. The acquire
+    that sees it first closes it the same."""
+    drains = {"chat": (0.4, 1.5, 0.9)}
+    early = busy_resident(waited_ms=3_499, resident_for_ms=60_000, member_drain_times=drains)
+    assert state_of(decide_tick(early, FAIR, ME)) == {}
+    assert isinstance(decide_acquire(early, ask("chat"), FAIR, ME).reply, Granted)
+    due = busy_resident(waited_ms=3_500, resident_for_ms=60_000, member_drain_times=drains)
+    d = decide_tick(due, FAIR, ME)
+    assert state_of(d)["closed"] == "1"
+    assert d.swap is None  # nothing is cut
+    held = decide_acquire(due, ask("chat"), FAIR, ME)
+    assert isinstance(held.reply, WaitReply)
+    assert state_of(held)["closed"] == "1"
+    unmeasured = busy_resident(waited_ms=3_500, resident_for_ms=60_000)
+    assert state_of(decide_tick(unmeasured, FAIR, ME)) == {}
+    # Another member's drains say nothing of chat's.
+    other = busy_resident(
+        waited_ms=3_500, resident_for_ms=60_000, member_drain_times={"embed": (3.0,)}
+    )
+    assert state_of(decide_tick(other, FAIR, ME)) == {}
+
+
+def test_a_members_measured_request_times_count_as_its_drain_too() -> None:
+    """Before chat was ever closed, the longest of its recent requests (a stream granted
+    just before a close runs its whole length) moves the close as a measured drain does;
+    the longer of the two lists counts."""
+    requests = {"chat": (0.2, 2.0)}
+    early = busy_resident(waited_ms=2_999, resident_for_ms=60_000, member_request_times=requests)
+    assert state_of(decide_tick(early, FAIR, ME)) == {}
+    due = busy_resident(waited_ms=3_000, resident_for_ms=60_000, member_request_times=requests)
+    assert state_of(decide_tick(due, FAIR, ME))["closed"] == "1"
+    both = replace(early, member_drain_times={"chat": (0.5,)})
+    assert state_of(decide_tick(both, FAIR, ME)) == {}
+    longer_drain = replace(early, member_drain_times={"chat": (2.5,)})
+    assert state_of(decide_tick(longer_drain, FAIR, ME))["closed"] == "1"
+
+
+def test_a_drain_estimate_never_overrides_min_residency_or_a_missing_max_wait() -> None:
+    """However long chat's measured drains, a young resident is not closed, and without
+    maxWait nothing closes."""
+    drains = {"chat": (60.0,)}
+    young = busy_resident(waited_ms=100, resident_for_ms=1_999, member_drain_times=drains)
+    assert "closed" not in state_of(decide_tick(young, FAIR, ME))
+    old = busy_resident(waited_ms=100, resident_for_ms=2_000, member_drain_times=drains)
+    assert state_of(decide_tick(old, FAIR, ME))["closed"] == "1"
+    assert decide_tick(old, POLICY, ME).ops == ()
+
+
+def test_the_swap_after_a_closed_resident_drained_records_its_drain_once() -> None:
+    """The swap that starts once the closed resident's last lease ended records the drain
+    (close to now) for that member, and clears the close's moment; a swap from a resident
+    that was not closed records nothing."""
+    drained = busy_resident(
+        waited_ms=9_000, resident_for_ms=60_000, closed=True, closed_ms=NOW - 1_750, leases={}
+    )
+    d = decide_tick(drained, FAIR, ME)
+    assert d.swap is not None
+    assert [op for op in d.ops if isinstance(op, RecordDrainTime)] == [
+        RecordDrainTime("chat", 1.75)
+    ]
+    assert state_of(d)["closedat"] == ""
+    recorded = replace(drained, closed_ms=0)
+    assert not any(isinstance(op, RecordDrainTime) for op in decide_tick(recorded, FAIR, ME).ops)
+    idle = snap(resident="chat", waiters={"coder": 1}, urgency={"coder": NOW - 10})
+    started = decide_tick(idle, FAIR, ME)
+    assert started.swap is not None
+    assert not any(isinstance(op, RecordDrainTime) for op in started.ops)
 
 
 def test_a_closed_residents_own_waiters_do_not_keep_it_busy() -> None:

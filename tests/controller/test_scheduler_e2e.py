@@ -151,6 +151,52 @@ async def test_max_wait_bounds_a_waiter_behind_endless_demand(make_stack: Make) 
     await stack.assert_invariants()
 
 
+async def test_max_wait_closes_earlier_by_the_residents_measured_drain(make_stack: Make) -> None:
+    """judge served one 4 s stream (80 tokens at 20 tokens/s) alone: its router's release
+    tells the controller how long it ran. judge then serves endless 4 s streams (each
+    sent when the last is halfway: a drain takes 2 to 4 s). A coder request behind it
+    closes judge before its waiter has waited maxWait, by the longest of judge's measured
+    request times and drains, so the drain ends near maxWait (without the estimate the
+    close came at maxWait itself); that drain is then recorded too. The moments are read
+    from the store (its clock): the coder waiter's arrival and the state's close moment.
+    Nothing is cut."""
+    max_wait_ms = 4000
+    pool = {"maxWait": "4s", "minResidency": "0s", "leaseTtl": "15s"}
+    stack = started(make_stack(pool_stack_config(pool=pool)))
+    url = stack.routers[0].url
+    urgency = Keys(stack.prefix).pool_waiter_urgency("gpu0", "coder")
+    await stack.wait_resident("judge")
+    async with httpx.AsyncClient(timeout=60) as client:
+        alone = await stream_chat(client, url, "judge", 80)
+    assert alone.status == 200
+    assert alone.done
+    measured = await eventually(lambda: stack.request_times("judge"))
+    assert await stack.drain_times("judge") == []
+
+    async def closed_after(arrival: float) -> int | None:
+        state = await stack.state_hash()
+        at = int(state.get("closedat") or 0)
+        return at if state.get("closed") and at >= arrival else None
+
+    async with endless_demand(url, "judge", tokens=80) as statuses:
+        waiting = asyncio.create_task(chat(url, "coder"))
+        arrival = await eventually(lambda: _waited_ms(stack, urgency, 0), timeout=30)
+        closed_at = await eventually(lambda: closed_after(arrival), timeout=30)
+        # What the estimate could have been at the close: every time kept by then (the
+        # lists only grow here, far from the ten they keep).
+        kept = await stack.request_times("judge") + await stack.drain_times("judge")
+        response = await waiting
+        assert response.status_code == 200, response.text
+        assert response.headers["x-hotseat-backend"] == "coder"
+        drains = await eventually(lambda: stack.drain_times("judge"))
+    waited_at_close = closed_at - int(arrival)
+    assert waited_at_close < max_wait_ms, (waited_at_close, measured)
+    assert waited_at_close >= max_wait_ms - round(max(kept) * 1000) - 1, (waited_at_close, kept)
+    assert len(drains) == 1
+    assert set(statuses) == {200}, statuses
+    await stack.assert_invariants()
+
+
 async def test_min_residency_keeps_a_new_resident(make_stack: Make) -> None:
     """With minResidency 60s, a coder resident that is serving is not closed for a judge
     request, however long past maxWait it waits: coder's requests are granted at once

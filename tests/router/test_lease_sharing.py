@@ -266,3 +266,42 @@ async def _asked(controller: ScriptedController, count: int) -> bool:
 
 async def _shorter_than(lease: Lease, seconds: float) -> bool:
     return lease.valid_until - asyncio.get_running_loop().time() < seconds
+
+
+async def test_a_release_tells_the_longest_request_on_the_lease(
+    client: NatsActivationClient, controller: ScriptedController
+) -> None:
+    """Three requests share one lease, each ending at its own time: the release the last
+    one sends carries how long the longest of them ran (each from its grant or share to
+    its release, as the test's own brackets around those calls bound it), so the
+    controller learns the member's request times (docs/adr/0006)."""
+    loop = asyncio.get_running_loop()
+    spans: dict[str, tuple[float, float]] = {}  # request -> (latest start, earliest end)
+    outer: dict[str, tuple[float, float]] = {}  # request -> (earliest start, latest end)
+    leases: dict[str, Lease] = {}
+
+    async def start(name: str) -> None:
+        before = loop.time()
+        leases[name] = await acquire(client, name)
+        spans[name] = (loop.time(), 0.0)
+        outer[name] = (before, 0.0)
+
+    async def end(name: str) -> None:
+        before = loop.time()
+        await client.release(leases[name])
+        spans[name] = (spans[name][0], before)
+        outer[name] = (outer[name][0], loop.time())
+
+    await start("q1")
+    await start("q2")
+    await end("q1")
+    await start("q3")
+    await end("q2")
+    await end("q3")
+    await asyncio.wait_for(controller.released.wait(), 5)
+    (release,) = controller.releases
+    assert release.requests == 3
+    assert release.longest_s is not None
+    shortest_possible = max(stop - begin for begin, stop in spans.values())
+    longest_possible = max(stop - begin for begin, stop in outer.values())
+    assert shortest_possible - 0.001 <= release.longest_s <= longest_possible + 0.001

@@ -194,6 +194,24 @@ class Stack:
             await client.aclose()
         return {str(name): float(score) for name, score in pairs}
 
+    async def drain_times(self, member: str, pool: str = "gpu0") -> list[float]:
+        """The recent measured drains (seconds) of ``member`` closed by maxWait, newest
+        first."""
+        return await self._floats(Keys(self.prefix).pool_member_drain_times(pool, member))
+
+    async def request_times(self, member: str, pool: str = "gpu0") -> list[float]:
+        """The longest request (seconds) of each recently released lease of ``member``
+        (kept with maxWait), newest first."""
+        return await self._floats(Keys(self.prefix).pool_member_request_times(pool, member))
+
+    async def _floats(self, key: str) -> list[float]:
+        client: aioredis.Redis = aioredis.from_url(self.store_url, decode_responses=True)
+        try:
+            values = await client.lrange(key, 0, -1)
+        finally:
+            await client.aclose()
+        return [float(v) for v in values]
+
     async def lease_expiries(self, member: str, pool: str = "gpu0") -> dict[str, float]:
         """The live leases on ``member``: lease id -> expiry (ms, store clock). A renewal
         moves a lease's expiry forward; the reaper removes it once the expiry passes."""

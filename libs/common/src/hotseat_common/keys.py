@@ -48,6 +48,16 @@ class Keys:
         """LIST of recent durations (seconds) of swaps to ``member``, newest first."""
         return f"{self._pool(pool)}:swap-times:{member}"
 
+    def pool_member_drain_times(self, pool: str, member: str) -> str:
+        """LIST of recent drain durations (seconds) of ``member`` closed by ``maxWait``:
+        from its close to its last lease's end, newest first."""
+        return f"{self._pool(pool)}:drain-times:{member}"
+
+    def pool_member_request_times(self, pool: str, member: str) -> str:
+        """LIST of the longest request (seconds) on each recently released lease of
+        ``member``, newest first (kept for pools with ``maxWait``)."""
+        return f"{self._pool(pool)}:request-times:{member}"
+
     def pool_swap_times(self, pool: str) -> str:
         """LIST of recent swap durations (seconds), newest first."""
         return f"{self._pool(pool)}:swap-times"

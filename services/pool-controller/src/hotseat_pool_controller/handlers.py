@@ -178,7 +178,9 @@ class ActivationHandlers:
         pool = self._pool(request.pool)
         if pool is None:
             return Ack(ok=False, code=ErrorCode.UNKNOWN_POOL, message=f"no pool {request.pool!r}")
-        released = await pool.release(request.member, request.lease_id, request.requests or 1)
+        released = await pool.release(
+            request.member, request.lease_id, request.requests or 1, request.longest_s
+        )
         await self._group_lease(request.group, request.pool, request.lease_id, None)
         return Ack(ok=released)  # reply optional
 

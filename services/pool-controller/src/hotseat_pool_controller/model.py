@@ -166,6 +166,8 @@ class PoolSnapshot:
     routers are renewing them back (docs/adr/0005)."""
     closed: bool = False
     """The resident takes no new lease: another member waited ``maxWait`` (docs/adr/0006)."""
+    closed_ms: int = 0
+    """When the resident was closed (Redis clock; 0: not closed, or its drain recorded)."""
     previous: str | None = None
     """The member resident before the current one."""
     released_ms: int = 0
@@ -185,6 +187,11 @@ class PoolSnapshot:
     """member -> virtual arrival (Redis clock) of its most urgent live waiter."""
     member_swap_times: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     """member -> recent durations of swaps to it, newest first."""
+    member_drain_times: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    """member -> recent drains of it once closed (close to last lease's end), newest first."""
+    member_request_times: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    """member -> the longest request on each of its recently released leases, newest first
+    (kept for a pool with ``maxWait``)."""
     attempt_lease: AttemptLease | None = None
     attempt_waiting: bool = False
     """The asking attempt is one of the pool's live waiters already."""
@@ -302,6 +309,14 @@ class RecordSwapTime:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordDrainTime:
+    """A closed resident drained: how long from its close to its last lease's end."""
+
+    member: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class RevokeLeases:
     """Drop every lease on ``member``: renewals are refused, routers end their streams."""
 
@@ -316,6 +331,7 @@ Op = (
     | ClearWaiters
     | SetFailure
     | RecordSwapTime
+    | RecordDrainTime
     | RevokeLeases
 )
 

@@ -141,6 +141,10 @@ class ReleaseRequest(WireModel):
     """How many requests used the lease (a router shares one among its concurrent
     requests for a member); absent: one. A capacity pool counts them as the member's
     recent demand, which orders its evictions (docs/adr/0008)."""
+    longest_s: float | None = Field(default=None, ge=0)
+    """The longest any request on the lease ran (seconds, from its grant or share to its
+    end); absent: not measured. With ``maxWait``, the member's recent ones tell how long
+    it takes to drain once closed (docs/adr/0006)."""
 
 
 class CancelRequest(WireModel):

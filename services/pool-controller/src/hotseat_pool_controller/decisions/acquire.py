@@ -29,7 +29,7 @@ from hotseat_pool_controller.decisions.hold import (
     waiter_cap,
     withdraw,
 )
-from hotseat_pool_controller.decisions.schedule import closing_for
+from hotseat_pool_controller.decisions.schedule import close_for, closing_for
 from hotseat_pool_controller.decisions.start import forget_cause, start_swap
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
@@ -127,11 +127,7 @@ def _for_resident(snap: PoolSnapshot, ask: AcquireAsk, policy: PoolPolicy) -> De
             return hold(snap, ask, policy, WaitReason.RECOVERING, target=ask.member)
         also: tuple[Op, ...] = ()
         if closing is not None:
-            also = (
-                set_state(
-                    phase=Phase.DRAINING, target=closing, closed=True, cause=forget_cause(snap)
-                ),
-            )
+            also = (close_for(snap, closing, forget_cause(snap)),)
         return hold(snap, ask, policy, WaitReason.CLOSED, target=closing or snap.target, also=also)
     return _grant(snap, ask, policy)
 

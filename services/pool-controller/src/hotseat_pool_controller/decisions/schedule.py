@@ -8,7 +8,16 @@ from __future__ import annotations
 import math
 
 from hotseat_pool_controller.decisions.busy import just_committed
-from hotseat_pool_controller.model import IN_FLIGHT, SERVING, Phase, PoolPolicy, PoolSnapshot
+from hotseat_pool_controller.model import (
+    IN_FLIGHT,
+    SERVING,
+    Phase,
+    PoolPolicy,
+    PoolSnapshot,
+    RecordDrainTime,
+    SetState,
+)
+from hotseat_pool_controller.store.codec import Keep, set_state
 
 MIN_RESIDENCY_FLOOR_MS = 1000
 MIN_RESIDENCY_SWAPS = 2
@@ -24,6 +33,19 @@ def swap_s(snap: PoolSnapshot, member: str | None) -> float | None:
     before one was measured (another member's load says nothing about this one's, and
     the estimate must never refuse on a guess)."""
     return _mean(snap.member_swap_times.get(member, ())) if member else None
+
+
+def drain_s(snap: PoolSnapshot, member: str | None) -> float:
+    """How long ``member`` is expected to take to drain once closed: the longest of its
+    recent measured drains (from its close to its last lease's end) and of its recent
+    requests (a stream granted just before the close runs its whole length: a high
+    percentile, not the mean). 0 before either was measured: the close then waits for
+    ``maxWait`` itself, as it always did."""
+    if member is None:
+        return 0.0
+    drains = snap.member_drain_times.get(member, ())
+    requests = snap.member_request_times.get(member, ())
+    return max((*drains, *requests), default=0.0)
 
 
 def ranked(
@@ -77,12 +99,16 @@ def min_residency_ms(snap: PoolSnapshot, policy: PoolPolicy) -> int:
     return max(MIN_RESIDENCY_FLOOR_MS, int(MIN_RESIDENCY_SWAPS * measured * 1000))
 
 
-def waited_max_wait(snap: PoolSnapshot, policy: PoolPolicy, member: str) -> bool:
+def waited_max_wait(
+    snap: PoolSnapshot, policy: PoolPolicy, member: str, *, drain_ms: int = 0
+) -> bool:
     """``member``'s most urgent waiter has waited the pool's ``maxWait`` (by its virtual
-    arrival: a high priority waiter reaches it sooner); never without ``maxWait``."""
+    arrival: a high priority waiter reaches it sooner), or will have by the time a drain
+    of ``drain_ms`` that starts now ends; never without ``maxWait``."""
     if policy.max_wait_ms is None:
         return False
-    return snap.now_ms - snap.urgency.get(member, snap.now_ms) >= policy.max_wait_ms
+    waited = snap.now_ms - snap.urgency.get(member, snap.now_ms)
+    return waited + drain_ms >= policy.max_wait_ms
 
 
 def resident_long_enough(snap: PoolSnapshot, policy: PoolPolicy, since_ms: int) -> bool:
@@ -93,15 +119,18 @@ def resident_long_enough(snap: PoolSnapshot, policy: PoolPolicy, since_ms: int) 
 
 def closing_for(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
     """The member the resident must close for now (``maxWait``): the most urgent other
-    member, once its most urgent waiter has waited ``maxWait``, the resident has been
-    resident ``minResidency`` and the requests it came in for have been served; ``None``
-    when nothing closes (or it is closed already)."""
+    member, once its most urgent waiter's wait plus the resident's expected drain
+    (:func:`drain_s`) reaches ``maxWait`` (so the drain ends near ``maxWait``, not
+    ``maxWait`` plus the drain; nothing is cut, and a drain longer than expected only
+    ends later), the resident has been resident ``minResidency`` and the requests it came
+    in for have been served; ``None`` when nothing closes (or it is closed already)."""
     if policy.max_wait_ms is None or snap.closed or snap.phase not in SERVING:
         return None
     member = most_urgent(snap, excluding=snap.resident)
     if member is None or snap.resident is None:
         return None
-    if not waited_max_wait(snap, policy, member):
+    drain_ms = round(drain_s(snap, snap.resident) * 1000)
+    if not waited_max_wait(snap, policy, member, drain_ms=drain_ms):
         return None
     if not resident_long_enough(snap, policy, snap.committed_ms):
         return None
@@ -110,6 +139,22 @@ def closing_for(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
         # or a pool whose waiters all waited maxWait would swap for ever, serving no one.
         return None
     return member
+
+
+def close_for(snap: PoolSnapshot, member: str, cause: str | Keep | None) -> SetState:
+    """Close the resident for ``member``: the pool drains toward it, the resident takes no
+    new lease, and the close's moment is kept to measure the drain when it ends."""
+    return set_state(
+        phase=Phase.DRAINING, target=member, closed=True, closed_ms=snap.now_ms, cause=cause
+    )
+
+
+def drained(snap: PoolSnapshot) -> RecordDrainTime | None:
+    """A swap starts from a closed resident that drained: how long its drain took (from
+    its close to now); ``None`` when it was not closed, or its drain was recorded."""
+    if not snap.closed or not snap.closed_ms or snap.resident is None:
+        return None
+    return RecordDrainTime(snap.resident, max(0, snap.now_ms - snap.closed_ms) / 1000)
 
 
 def is_swap_back(snap: PoolSnapshot, policy: PoolPolicy, target: str | None) -> bool:

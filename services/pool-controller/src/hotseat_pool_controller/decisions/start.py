@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hotseat_common.messages import PoolOutcome, SwapReason, WaitReason, WaitReply
 from hotseat_pool_controller.decisions.busy import just_committed
 from hotseat_pool_controller.decisions.hold import retry_after_s
-from hotseat_pool_controller.decisions.schedule import is_swap_back
+from hotseat_pool_controller.decisions.schedule import drained, is_swap_back
 from hotseat_pool_controller.model import (
     AuditIntent,
     Decision,
@@ -95,6 +95,8 @@ class SwapStart:
     its commit, no waiter)."""
     order: SwapOrder
     audit: AuditIntent
+    records: tuple[Op, ...] = ()
+    """Measurements that come with the start (a closed resident's drain)."""
 
     def decision(
         self,
@@ -106,7 +108,7 @@ class SwapStart:
         """The decision that starts this swap (``also``: writes that come with it)."""
         return Decision(
             reply=reply,
-            ops=(self.state, *also),
+            ops=(self.state, *self.records, *also),
             pre=pre or self.guard,
             swap=self.order,
             audit=(self.audit,),
@@ -142,8 +144,16 @@ def start_swap(
     unload_only = target is None
     started = claim(snap, policy, controller, target, snap.resident, forced=forced, cause=cause)
     epoch, swap_id = started.epoch, started.swap_id
+    drain = drained(snap)
     state = started.state.merged(
-        set_state(resident=snap.resident, parked=unload_only, unhealthy=False, relearn_ms=None)
+        set_state(
+            resident=snap.resident,
+            parked=unload_only,
+            unhealthy=False,
+            relearn_ms=None,
+            # Recorded once: a swap refused and started again does not count it twice.
+            closed_ms=None if drain is not None else KEEP,
+        )
     )
     busy_guard = (snap.resident,) if snap.resident else ()
     # The resident's waiters count as busy only just after its commit (incumbent_busy);
@@ -167,4 +177,4 @@ def start_swap(
         swap_id=swap_id,
     )
     order = SwapOrder(target=target or "", epoch=epoch, from_member=snap.resident, swap_id=swap_id)
-    return SwapStart(state, guard, order, audit)
+    return SwapStart(state, guard, order, audit, (drain,) if drain is not None else ())

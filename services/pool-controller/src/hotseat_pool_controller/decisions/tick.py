@@ -17,7 +17,12 @@ from hotseat_pool_controller.decisions.busy import (
 )
 from hotseat_pool_controller.decisions.capacity import decide_capacity_tick
 from hotseat_pool_controller.decisions.recovery import decide_resident_lost
-from hotseat_pool_controller.decisions.schedule import closing_for, idle_unload_due, most_urgent
+from hotseat_pool_controller.decisions.schedule import (
+    close_for,
+    closing_for,
+    idle_unload_due,
+    most_urgent,
+)
 from hotseat_pool_controller.decisions.start import forget_cause, next_epoch, start_swap
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
@@ -106,11 +111,7 @@ def _toward(
         closing = closing_for(snap, policy)
         if closing is not None:
             return Decision(
-                ops=(
-                    set_state(
-                        phase=Phase.DRAINING, target=closing, closed=True, cause=forget_cause(snap)
-                    ),
-                ),
+                ops=(close_for(snap, closing, forget_cause(snap)),),
                 pre=Preconditions(version=snap.version),
             )
         if snap.phase == Phase.IDLE:

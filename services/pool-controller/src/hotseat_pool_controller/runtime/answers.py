@@ -106,8 +106,10 @@ class PoolAnswers:
         self._announcer.acquired(self.name, request.member, reply.status)
         return reply
 
-    async def release(self, member: str, lease_id: str, requests: int = 1) -> bool:
-        released = await self._store.release(member, lease_id, requests)
+    async def release(
+        self, member: str, lease_id: str, requests: int = 1, longest_s: float | None = None
+    ) -> bool:
+        released = await self._store.release(member, lease_id, requests, longest_s)
         if released.may_move:
             self._wake.set()
         return released.removed

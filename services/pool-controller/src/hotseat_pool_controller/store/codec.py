@@ -63,6 +63,7 @@ from hotseat_pool_controller.model import (
     Phase,
     PoolSnapshot,
     Preconditions,
+    RecordDrainTime,
     RecordSwapTime,
     RemoveWaiter,
     RevokeLeases,
@@ -103,6 +104,7 @@ def set_state(
     unhealthy: bool | _Keep = KEEP,
     relearn_ms: int | _Keep | None = KEEP,
     closed: bool | _Keep = KEEP,
+    closed_ms: int | _Keep | None = KEEP,
     previous: str | _Keep | None = KEEP,
     swap_id: str | _Keep | None = KEEP,
     cause: str | _Keep | None = KEEP,
@@ -132,6 +134,7 @@ def set_state(
         "unhealthy": unhealthy,
         "relearn": relearn_ms,
         "closed": closed,
+        "closedat": closed_ms,
         "previous": previous,
         "swap": swap_id,
         "cause": cause,
@@ -235,6 +238,7 @@ def decode_snapshot(raw: Mapping[str, Any]) -> PoolSnapshot:
         unhealthy=bool(state.get("unhealthy")),
         relearn_ms=int(state.get("relearn") or 0),
         closed=bool(state.get("closed")),
+        closed_ms=int(state.get("closedat") or 0),
         previous=state.get("previous") or None,
         released_ms=int(state.get("released") or 0),
         swap_id=state.get("swap") or None,
@@ -249,6 +253,16 @@ def decode_snapshot(raw: Mapping[str, Any]) -> PoolSnapshot:
             m["name"]: tuple(float(s) for s in _array(m.get("swap_times")))
             for m in members
             if _array(m.get("swap_times"))
+        },
+        member_drain_times={
+            m["name"]: tuple(float(s) for s in _array(m.get("drain_times")))
+            for m in members
+            if _array(m.get("drain_times"))
+        },
+        member_request_times={
+            m["name"]: tuple(float(s) for s in _array(m.get("request_times")))
+            for m in members
+            if _array(m.get("request_times"))
         },
         attempt_lease=(
             AttemptLease(
@@ -300,6 +314,8 @@ class MemberKeys:
     failure: str
     urgency: str
     swap_times: str
+    drain_times: str
+    request_times: str
 
 
 class PoolKeys:
@@ -319,12 +335,15 @@ class PoolKeys:
                 keys.pool_failure(pool, m),
                 keys.pool_waiter_urgency(pool, m),
                 keys.pool_member_swap_times(pool, m),
+                keys.pool_member_drain_times(pool, m),
+                keys.pool_member_request_times(pool, m),
             )
             for m in members
         }
         self.all = [self.state, self.lease_meta, self.attempt_leases, self.swap_times]
         for m in self.members.values():
             self.all += [m.leases, m.waiters, m.failure, m.urgency, m.swap_times]
+            self.all += [m.drain_times, m.request_times]
 
     def member_specs(self) -> list[dict[str, str]]:
         """Each member's keys, as the scripts that take a JSON spec read them."""
@@ -336,6 +355,8 @@ class PoolKeys:
                 "failure": m.failure,
                 "urgency": m.urgency,
                 "swap_times": m.swap_times,
+                "drain_times": m.drain_times,
+                "request_times": m.request_times,
             }
             for m in self.members.values()
         ]
@@ -382,15 +403,23 @@ def encode_op(op: Op, keys: PoolKeys) -> dict[str, Any]:  # noqa: PLR0911 - one 
         case SetFailure():
             failure = keys.members[op.member].failure
             return _op("setpx", failure, value=op.reason, px=op.ttl_ms)
-        case RecordSwapTime():
-            lists = [keys.swap_times]
-            if op.member is not None:
-                lists.append(keys.members[op.member].swap_times)
+        case RecordSwapTime() | RecordDrainTime():
+            lists = _duration_lists(op, keys)
             return _op("swap_time", lists[0], keys=lists, value=f"{op.seconds:.3f}",
                        keep=SWAP_TIMES_KEPT)  # fmt: skip
         case RevokeLeases():
             leases = keys.members[op.member].leases
             return _op("revoke", leases, meta_key=keys.lease_meta, attempt_key=keys.attempt_leases)
+
+
+def _duration_lists(op: RecordSwapTime | RecordDrainTime, keys: PoolKeys) -> list[str]:
+    """The lists of recent durations a measurement goes to: a swap's to the pool's and its
+    target's, a drain's to its member's."""
+    if isinstance(op, RecordDrainTime):
+        return [keys.members[op.member].drain_times]
+    if op.member is None:
+        return [keys.swap_times]
+    return [keys.swap_times, keys.members[op.member].swap_times]
 
 
 def _op(name: str, key: str, **fields: object) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from hotseat_common.messages import Granted
 from hotseat_pool_controller.model import Decision, Phase, PoolPolicy, PoolSnapshot
 from hotseat_pool_controller.store import scripts
 from hotseat_pool_controller.store.codec import (
+    SWAP_TIMES_KEPT,
     PoolKeys,
     decode_snapshot,
     encode_op,
@@ -66,6 +67,14 @@ class Renewed:
 
 class ConflictError(RuntimeError):
     """A decision kept losing races; should not happen outside pathological contention."""
+
+
+def _request_time(policy: PoolPolicy, longest_s: float | None) -> str:
+    """A released lease's longest request, as the release script keeps it: only for a pool
+    with ``maxWait`` (nothing else reads it; no write on the hot path otherwise)."""
+    if policy.max_wait_ms is None or longest_s is None:
+        return ""
+    return f"{longest_s:.3f}"
 
 
 class PoolStore:
@@ -192,9 +201,12 @@ class PoolStore:
         outcome = Renewal(int(result[0]))
         return Renewed(outcome, shareable=outcome is not Renewal.RENEWED or bool(int(result[1])))
 
-    async def release(self, member: str, lease_id: str, requests: int = 1) -> Released:
+    async def release(
+        self, member: str, lease_id: str, requests: int = 1, longest_s: float | None = None
+    ) -> Released:
         """The lease ends (``requests``: how many requests used it, counted as the
-        member's recent demand in a capacity pool)."""
+        member's recent demand in a capacity pool; ``longest_s``: the longest of them,
+        kept as the member's recent request times when the pool has ``maxWait``)."""
         m = self._keys.members.get(member)
         if m is None:
             return Released(removed=False, may_move=False)
@@ -202,8 +214,15 @@ class PoolStore:
         others = [o.waiters for o in k.members.values() if o.name != member]
         removed, left, phase, waiters, unhealthy = await self.link.script(
             self._release,
-            keys=[m.leases, k.lease_meta, k.attempt_leases, k.state, *others],
-            args=[lease_id, member, requests, self.policy.demand_half_life_ms],
+            keys=[m.leases, k.lease_meta, k.attempt_leases, k.state, m.request_times, *others],
+            args=[
+                lease_id,
+                member,
+                requests,
+                self.policy.demand_half_life_ms,
+                _request_time(self.policy, longest_s),
+                SWAP_TIMES_KEPT,
+            ],
         )
         # Only the last lease of a member the pool is draining away from, one that other
         # members' requests wait behind, or one on an unhealthy resident (now it can be

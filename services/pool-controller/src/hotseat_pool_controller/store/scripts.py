@@ -32,6 +32,8 @@ for i, m in ipairs(spec.members) do
     failure = redis.call('PTTL', m.failure),
     waiting = 0,
     swap_times = redis.call('LRANGE', m.swap_times, 0, 9),
+    drain_times = redis.call('LRANGE', m.drain_times, 0, 9),
+    request_times = redis.call('LRANGE', m.request_times, 0, 9),
   }
   if entry.waiters > 0 then
     -- The most urgent live waiter (expired ones wait for the reaper at the front).
@@ -124,6 +126,7 @@ for _, op in ipairs(spec.ops) do
   elseif op.op == 'setpx' then
     if op.px > 0 then redis.call('SET', op.key, op.value, 'PX', op.px) end
   elseif op.op == 'swap_time' then
+    -- A list of recent durations (swaps, drains), newest first.
     for _, k in ipairs(op.keys) do
       redis.call('LPUSH', k, op.value)
       redis.call('LTRIM', k, 0, op.keep - 1)
@@ -190,8 +193,10 @@ return {0}
 RELEASE = (
     _NOW
     + """
--- KEYS: leases, lease-meta, attempt-leases, state, waiters of every other member...
--- ARGV: lease id, member, requests that used the lease, demand half-life ms (0: none)
+-- KEYS: leases, lease-meta, attempt-leases, state, request times of the member, waiters
+--       of every other member...
+-- ARGV: lease id, member, requests that used the lease, demand half-life ms (0: none),
+--       the longest request on it in seconds ('': not kept), how many request times to keep
 -- Returns {removed, live leases left on the member, phase, live waiters for the other
 -- members, unhealthy} so the caller wakes the supervisor only when the release can move
 -- the pool (the member's own waiters are granted when they ask again, not by a release).
@@ -208,7 +213,7 @@ if meta then
 end
 local left = redis.call('ZCOUNT', KEYS[1], since, '+inf')
 local waiters = 0
-for i = 5, #KEYS do waiters = waiters + redis.call('ZCOUNT', KEYS[i], since, '+inf') end
+for i = 6, #KEYS do waiters = waiters + redis.call('ZCOUNT', KEYS[i], since, '+inf') end
 local st = redis.call('HMGET', KEYS[4], 'phase', 'unhealthy', 'resident', 'unwell')
 if string.find(',' .. (st[4] or '') .. ',', ',' .. ARGV[2] .. ',', 1, true) then st[2] = '1' end
 if removed == 1 and left == 0 and st[3] == ARGV[2] then
@@ -227,6 +232,11 @@ if removed == 1 and half > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
   local score = (tonumber(d[1] or '') or 0) * math.pow(0.5, (now - at) / half)
   redis.call('HSET', KEYS[4], 'demand.' .. ARGV[2], tostring(score + tonumber(ARGV[3])),
              'demandat.' .. ARGV[2], now)
+end
+-- The member's recent request times (docs/adr/0006): how long it takes to drain.
+if removed == 1 and (ARGV[5] or '') ~= '' then
+  redis.call('LPUSH', KEYS[5], ARGV[5])
+  redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[6]) - 1)
 end
 return {removed, left, st[1] or '', waiters, st[2] or ''}
 """

@@ -24,7 +24,8 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from hotseat_common.errors import ErrorCode
 from hotseat_common.logging import get_logger
@@ -49,6 +50,10 @@ class _Held:
     shareable: bool = True
     served: int = 1
     """How many requests used the lease (the one it was granted for, and each share)."""
+    since: list[float] = field(default_factory=list)
+    """When each request in ``handles`` began using the lease (loop clock), in order."""
+    longest_s: float = 0.0
+    """The longest any request that ended ran on the lease (seconds)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -59,13 +64,29 @@ class _Held:
         for handle in self.handles:
             handle.valid_until = valid_until
 
-    def drop(self, handle: Lease) -> bool:
-        """Forget one request's handle; False if it was already gone (released twice)."""
+    def add(self, handle: Lease, now: float) -> None:
+        self.handles.append(handle)
+        self.since.append(now)
+
+    def drop(self, handle: Lease, now: float) -> bool:
+        """Forget one request's handle (and how long it ran); False if it was already
+        gone (released twice)."""
         for i, held in enumerate(self.handles):
             if held is handle:
+                self.longest_s = max(self.longest_s, now - self.since[i])
                 del self.handles[i]
+                del self.since[i]
                 return True
         return False
+
+
+class Dropped(NamedTuple):
+    """A lease its last request let go of: to release at the controller (``requests``
+    > 0), with the number of requests that used it and the longest any of them ran (the
+    member's measured request time, docs/adr/0006)."""
+
+    requests: int
+    longest_s: float
 
 
 class HeldLeases:
@@ -100,7 +121,7 @@ class HeldLeases:
             return None  # renewals behind schedule or the member in doubt: ask
         # Its own handle (``lost`` is the same event).
         handle = replace(lease, swap_id=lease.swap_id if waited else None)
-        held.handles.append(handle)
+        held.add(handle, asyncio.get_running_loop().time())
         held.served += 1
         return handle
 
@@ -108,7 +129,7 @@ class HeldLeases:
         """A lease just granted: shared from now on, and renewed until released."""
         loop = asyncio.get_running_loop()
         due = _next_renewal(lease, loop.time())
-        held = _Held(lease, due, handles=[lease])
+        held = _Held(lease, due, handles=[lease], since=[loop.time()])
         self._held[lease.lease_id] = held
         if lease.group is not None:
             # A group's lease counts one request: its placements spread by those counts.
@@ -124,17 +145,19 @@ class HeldLeases:
             self._renewer_wake.set()
         return lease
 
-    def drop(self, lease: Lease) -> int:
+    def drop(self, lease: Lease) -> Dropped:
         """One request is done with its handle: when it was the last one (the lease is
         forgotten here and must be released at the controller), how many requests used
-        the lease; 0 otherwise, and for a handle released twice."""
+        the lease and the longest any of them ran; 0 requests otherwise, and for a handle
+        released twice."""
         held = self._held.get(lease.lease_id)
-        if held is None or not held.drop(lease) or held.handles:
-            return 0
+        now = asyncio.get_running_loop().time()
+        if held is None or not held.drop(lease, now) or held.handles:
+            return Dropped(0, 0.0)
         self._held.pop(lease.lease_id, None)
         if self._shared.get(held.key) is held:
             del self._shared[held.key]
-        return held.served
+        return Dropped(held.served, held.longest_s)
 
     def unshare(self, lease: Lease) -> None:
         """The requests on this lease go on; new ones ask the controller."""

@@ -449,15 +449,16 @@ class NatsActivationClient:
         """One request is done with its lease; the last one sharing it tells the controller
         (a publish, so nothing waits for it, unless ``confirm``: then a request, answered
         once the store has it). Releasing twice is harmless."""
-        served = self._leases.drop(lease)
-        if not served:
+        dropped = self._leases.drop(lease)
+        if not dropped.requests:
             return
         message = ReleaseRequest(
             pool=lease.pool,
             member=lease.member,
             lease_id=lease.lease_id,
             group=lease.group,
-            requests=served,
+            requests=dropped.requests,
+            longest_s=round(dropped.longest_s, 3),
         )
         if confirm:
             await self._fire(self._subjects.release, message)
