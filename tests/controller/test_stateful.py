@@ -391,7 +391,7 @@ class ControllerMachine(RuleBasedStateMachine):
 
         async def run() -> str:
             CURRENT_SWAP.set(key)
-            return await runner.run(order)
+            return (await runner.run(order)).result
 
         self.swaps.append(Swap(order, owner, self.loop.create_task(run()), key))
         self.settle()

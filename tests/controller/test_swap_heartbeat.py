@@ -5,13 +5,14 @@ A real swap runner against real Redis, NATS and two sim backends, with a heartbe
 finds it "not ours": that must not cut the swap short before it has announced the new
 resident (found by reading the runner: the idle announcement was lost and the swap
 counted as neither completed nor lost). A takeover during a load still stops the load at
-once, and the swap ends as ``lost``."""
+once, and the swap ends as ``lost``. A swap retargeted before its load is timed for the
+member it loaded."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
@@ -22,13 +23,22 @@ from prometheus_client import CollectorRegistry
 
 from hotseat.launcher import Managed
 from hotseat_common.audit_stream import AuditPublisher
+from hotseat_common.config.model import PoolActivation
 from hotseat_common.keys import Keys
+from hotseat_common.messages import WaitReply
 from hotseat_common.metrics import PoolMetrics
 from hotseat_common.subjects import Subjects
+from hotseat_pool_controller.decisions.acquire import decide_acquire
 from hotseat_pool_controller.decisions.admin import decide_admin_swap
 from hotseat_pool_controller.decisions.recovery import decide_rebuild
 from hotseat_pool_controller.drivers import build_driver
-from hotseat_pool_controller.model import PoolPolicy, PoolSnapshot, SwapOrder
+from hotseat_pool_controller.model import (
+    AcquireAsk,
+    Decision,
+    PoolPolicy,
+    PoolSnapshot,
+    SwapOrder,
+)
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.runtime.outcomes import Outcomes
 from hotseat_pool_controller.runtime.swaps import SwapRunner, Swaps
@@ -73,9 +83,10 @@ class Rig:
         assert decision.swap is not None, decision
         return decision.swap
 
-    def swaps_ran(self, result: str) -> float:
-        """Swaps to b that ran to ``result`` (the swap-duration histogram's count)."""
-        labels = {"pool": "gpu0", "to_member": "b", "result": result}
+    def swaps_ran(self, result: str, to_member: str = "b") -> float:
+        """Swaps to ``to_member`` that ran to ``result`` (the swap-duration histogram's
+        count)."""
+        labels = {"pool": "gpu0", "to_member": to_member, "result": result}
         return (
             self.registry.get_sample_value("hotseat_pool_swap_duration_seconds_count", labels)
             or 0.0
@@ -91,7 +102,7 @@ async def rig(
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[Rig]:
     load_seconds = getattr(request, "param", 0.1)
-    config = sim_pool_config({"a": {}, "b": {"loadSeconds": load_seconds}})
+    config = sim_pool_config({"a": {}, "b": {"loadSeconds": load_seconds}, "c": {}})
     pool = config.pools[0]
     policy = PoolPolicy.from_config(pool, heartbeat_ttl_s=HEARTBEAT_TTL_S)
     store = PoolStore(link, Keys(prefix), policy)
@@ -115,7 +126,7 @@ async def rig(
             name: await stack.enter_async_context(
                 run_sim(config, name, redis_url=redis_server.url, key_prefix=prefix)
             )
-            for name in ("a", "b")
+            for name in ("a", "b", "c")
         }
         yield Rig(store, Swaps(runner, announcer, "gpu0", asyncio.Event()), registry, sims, events)
         await subscription.unsubscribe()
@@ -170,3 +181,38 @@ async def _first(events: list[dict[str, object]], **match: object) -> dict[str, 
 
 def _first_now(events: list[dict[str, object]], **match: object) -> dict[str, object] | None:
     return next((e for e in events if all(e.get(k) == v for k, v in match.items())), None)
+
+
+async def test_a_retargeted_swap_is_timed_for_the_member_it_loaded(rig: Rig) -> None:
+    """A swap started for a request for b, which a more urgent request for c (priority 5,
+    held meanwhile) turns to before its load (docs/adr/0006): it loads c, and its
+    duration is counted for c, not for b."""
+
+    def asking(member: str, priority: int) -> Callable[[PoolSnapshot], Decision]:
+        def decide(snap: PoolSnapshot) -> Decision:
+            ask = AcquireAsk(
+                member,
+                PoolActivation.WAIT,
+                f"attempt-{member}",
+                f"request-{member}",
+                "router-1",
+                snap.now_ms + 60_000,
+                f"lease-{member}",
+                priority=priority,
+                now_ms=snap.now_ms,
+            )
+            return decide_acquire(snap, ask, rig.store.policy, "c1")
+
+        return decide
+
+    for_b, _ = await rig.store.decide(asking("b", 0))
+    assert for_b.swap is not None
+    assert for_b.swap.target == "b"
+    for_c, _ = await rig.store.decide(asking("c", 5))
+    assert isinstance(for_c.reply, WaitReply)
+
+    await run_to_end(rig.swaps, for_b.swap)
+
+    assert (await rig.store.snapshot()).resident == "c"
+    assert rig.swaps_ran("completed", to_member="c") == 1
+    assert rig.swaps_ran("completed", to_member="b") == 0

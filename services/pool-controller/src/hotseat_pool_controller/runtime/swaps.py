@@ -34,6 +34,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from typing import NamedTuple
 
 from redis.exceptions import RedisError
 
@@ -121,6 +122,15 @@ class _CacheTally:
         return replace(decision, audit=audit)
 
 
+class SwapRan(NamedTuple):
+    """How a swap ended, and the member it was for at the end: a swap retargeted before
+    its load (docs/adr/0006) ran for its new target, not the one it started with."""
+
+    result: str
+    """``completed``, ``cancelled``, ``failed`` or ``lost``."""
+    target: str
+
+
 class OwnershipLost(Exception):
     """Another replica now owns this swap (newer epoch)."""
 
@@ -196,9 +206,10 @@ class SwapRunner:
         await self._outcomes.report(decision, reason)
         return decision
 
-    async def run(self, order: SwapOrder) -> str:
-        """Run the swap; returns ``completed``, ``cancelled``, ``failed`` or ``lost``. Its
-        span (when tracing is on) continues the trace of the acquire that started it."""
+    async def run(self, order: SwapOrder) -> SwapRan:
+        """Run the swap; returns how it ended (``completed``, ``cancelled``, ``failed`` or
+        ``lost``) and for which member. Its span (when tracing is on) continues the trace
+        of the acquire that started it."""
         about = {
             spans.SWAP_ID: order.swap_id or None,
             spans.POOL: self._policy.name,
@@ -206,16 +217,16 @@ class SwapRunner:
             spans.EPOCH: order.epoch,
         }
         with self._tracing.span(spans.SWAP_SPAN, about) as span:
-            result = await self._run(order)
-            span.set(spans.RESULT, result)
-            return result
+            ran = await self._run(order)
+            span.set(spans.RESULT, ran.result)
+            return ran
 
     def _driving(self, name: str, member: str, order: SwapOrder) -> AbstractContextManager[Span]:
         """The span of one driver command of the swap."""
         about = {spans.SWAP_ID: order.swap_id or None, spans.MEMBER: member}
         return self._tracing.span(name, about)
 
-    async def _run(self, order: SwapOrder) -> str:
+    async def _run(self, order: SwapOrder) -> SwapRan:
         epoch = order.epoch
         result = "lost"
         snap = await self._store.snapshot()
@@ -241,13 +252,13 @@ class SwapRunner:
                     if busy:
                         await self._refuse(order, busy, unloaded, tally)
                         result = "cancelled"
-                        return result
+                        return SwapRan(result, order.target)
                     began = await self._begin_load(order, claim, tally, unloaded)
                     if isinstance(began, tuple):  # the old target of a retarget is at work
                         await self._refuse(order, began, unloaded, tally)
                     if not isinstance(began, SwapOrder):  # or the demand left before the load
                         result = "cancelled"
-                        return result
+                        return SwapRan(result, order.target)
                     order = began
                     if order.target and not await self._load_several(order, claim, tally):
                         await self._still_owner(order)
@@ -278,7 +289,7 @@ class SwapRunner:
             log.info("swap_run_done", pool=self._policy.name, target=order.target, epoch=epoch,
                      swap_id=order.swap_id, result=result,
                      seconds=round(time.monotonic() - started, 3))  # fmt: skip
-        return result
+        return SwapRan(result, order.target)
 
     async def _refuse(
         self, order: SwapOrder, busy: tuple[str, ...], unloaded: tuple[str, ...], tally: _CacheTally
@@ -526,10 +537,10 @@ class Swaps:
     async def _run(self, order: SwapOrder) -> None:
         started = time.monotonic()
         try:
-            result = await self._runner.run(order)
+            ran = await self._runner.run(order)
         except asyncio.CancelledError:
             log.info("swap_task_stopped", pool=self._pool, epoch=order.epoch)
             raise
         finally:
             self._wake.set()
-        self._announcer.swap_ran(self._pool, order.target, result, time.monotonic() - started)
+        self._announcer.swap_ran(self._pool, ran.target, ran.result, time.monotonic() - started)
