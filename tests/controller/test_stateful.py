@@ -890,9 +890,12 @@ def machine(redis_server: Managed) -> type[ControllerMachine]:
     return ControllerMachine
 
 
-def run_to_quiescence(machine: type[ControllerMachine], *, examples: int, steps: int) -> None:
+def run_to_quiescence(
+    machine: type[ControllerMachine], *, examples: int, steps: int, derandomize: bool = False
+) -> None:
     """Run ``machine``; every run ends by quiescing the pool, so the invariants also hold
-    for the state it settles in."""
+    for the state it settles in. ``derandomize``: the same examples at every run (for a
+    test that also asserts what the run reached)."""
 
     class Checked(machine):  # type: ignore[misc, valid-type]
         def teardown(self) -> None:
@@ -901,6 +904,7 @@ def run_to_quiescence(machine: type[ControllerMachine], *, examples: int, steps:
             super().teardown()
 
     Checked.TestCase.settings = settings(
+        derandomize=derandomize,
         max_examples=examples,
         stateful_step_count=steps,
         deadline=None,
