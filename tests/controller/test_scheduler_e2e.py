@@ -151,6 +151,33 @@ async def test_max_wait_bounds_a_waiter_behind_endless_demand(make_stack: Make) 
     await stack.assert_invariants()
 
 
+MAX_WAIT_MS = 4000
+"""maxWait of the pools that close early by a measured drain."""
+
+
+async def _judge_resident_max_wait(make_stack: Make, *, lease_ttl: str) -> tuple[Stack, str]:
+    """A pool with maxWait 4s and no minResidency, judge resident; and the router's url."""
+    pool = {"maxWait": "4s", "minResidency": "0s", "leaseTtl": lease_ttl}
+    stack = started(make_stack(pool_stack_config(pool=pool)))
+    await stack.wait_resident("judge")
+    return stack, stack.routers[0].url
+
+
+async def _coder_waiter_closes_judge(stack: Stack) -> tuple[float, int]:
+    """A coder request was sent: when its waiter arrived and when judge was closed for
+    it (ms, store clock; polled: no event carries the close's moment)."""
+    urgency = Keys(stack.prefix).pool_waiter_urgency("gpu0", "coder")
+    arrival: float = await eventually(lambda: _waited_ms(stack, urgency, 0), timeout=30)
+
+    async def closed() -> int | None:
+        state = await stack.state_hash()
+        at = int(state.get("closedat") or 0)
+        return at if state.get("closed") and at >= arrival else None
+
+    closed_at: int = await eventually(closed, timeout=30)
+    return arrival, closed_at
+
+
 async def test_max_wait_closes_earlier_by_the_residents_measured_drain(make_stack: Make) -> None:
     """judge served one 4 s stream (80 tokens at 20 tokens/s) alone: its router's release
     tells the controller how long it ran. judge then serves endless 4 s streams (each
@@ -160,28 +187,16 @@ async def test_max_wait_closes_earlier_by_the_residents_measured_drain(make_stac
     close came at maxWait itself); that drain is then recorded too. The moments are read
     from the store (its clock): the coder waiter's arrival and the state's close moment.
     Nothing is cut."""
-    max_wait_ms = 4000
-    pool = {"maxWait": "4s", "minResidency": "0s", "leaseTtl": "15s"}
-    stack = started(make_stack(pool_stack_config(pool=pool)))
-    url = stack.routers[0].url
-    urgency = Keys(stack.prefix).pool_waiter_urgency("gpu0", "coder")
-    await stack.wait_resident("judge")
+    stack, url = await _judge_resident_max_wait(make_stack, lease_ttl="15s")
     async with httpx.AsyncClient(timeout=60) as client:
         alone = await stream_chat(client, url, "judge", 80)
     assert alone.status == 200
     assert alone.done
     measured = await eventually(lambda: stack.request_times("judge"))
     assert await stack.drain_times("judge") == []
-
-    async def closed_after(arrival: float) -> int | None:
-        state = await stack.state_hash()
-        at = int(state.get("closedat") or 0)
-        return at if state.get("closed") and at >= arrival else None
-
     async with endless_demand(url, "judge", tokens=80) as statuses:
         waiting = asyncio.create_task(chat(url, "coder"))
-        arrival = await eventually(lambda: _waited_ms(stack, urgency, 0), timeout=30)
-        closed_at = await eventually(lambda: closed_after(arrival), timeout=30)
+        arrival, closed_at = await _coder_waiter_closes_judge(stack)
         # What the estimate could have been at the close: every time kept by then (the
         # lists only grow here, far from the ten they keep).
         kept = await stack.request_times("judge") + await stack.drain_times("judge")
@@ -190,9 +205,31 @@ async def test_max_wait_closes_earlier_by_the_residents_measured_drain(make_stac
         assert response.headers["x-hotseat-backend"] == "coder"
         drains = await eventually(lambda: stack.drain_times("judge"))
     waited_at_close = closed_at - int(arrival)
-    assert waited_at_close < max_wait_ms, (waited_at_close, measured)
-    assert waited_at_close >= max_wait_ms - round(max(kept) * 1000) - 1, (waited_at_close, kept)
+    assert waited_at_close < MAX_WAIT_MS, (waited_at_close, measured)
+    assert waited_at_close >= MAX_WAIT_MS - round(max(kept) * 1000) - 1, (waited_at_close, kept)
     assert len(drains) == 1
+    assert set(statuses) == {200}, statuses
+    await stack.assert_invariants()
+
+
+async def test_a_resident_whose_lease_is_never_released_is_measured_by_its_renewals(
+    make_stack: Make,
+) -> None:
+    """judge serves endless 2 s streams (40 tokens at 20 tokens/s, each sent when the last
+    is halfway): its router shares one lease between them and never releases it. The
+    renewals (every 1 s with a 3 s lease) carry how long the streams that ended ran, so
+    judge's request times are measured although it was never released nor closed, and a
+    coder request behind it closes judge before its waiter has waited maxWait (store
+    clock). Nothing is cut."""
+    stack, url = await _judge_resident_max_wait(make_stack, lease_ttl="3s")
+    async with endless_demand(url, "judge", tokens=40) as statuses:
+        measured = await eventually(lambda: stack.request_times("judge"), timeout=30)
+        assert await stack.drain_times("judge") == []
+        waiting = asyncio.create_task(chat(url, "coder"))
+        arrival, closed_at = await _coder_waiter_closes_judge(stack)
+        response = await waiting
+        assert response.status_code == 200, response.text
+    assert closed_at - int(arrival) < MAX_WAIT_MS, (closed_at - int(arrival), measured)
     assert set(statuses) == {200}, statuses
     await stack.assert_invariants()
 

@@ -23,6 +23,7 @@ from hotseat_common.messages import (
     PoolStateChanged,
     ReleaseRequest,
     RenewReply,
+    RenewRequest,
     WaitReason,
     WaitReply,
     WireModel,
@@ -46,6 +47,7 @@ class ScriptedController:
     acquires: list[AcquireRequest] = field(default_factory=list)
     releases: list[ReleaseRequest] = field(default_factory=list)
     renewals: int = 0
+    renew_requests: list[RenewRequest] = field(default_factory=list)
     reports: int = 0
     released: asyncio.Event = field(default_factory=asyncio.Event)
     renewed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -61,6 +63,7 @@ class ScriptedController:
 
     async def on_renew(self, msg: Msg) -> None:
         self.renewals += 1
+        self.renew_requests.append(RenewRequest.from_bytes(msg.data))
         await msg.respond(self.renew_reply.to_bytes())
         self.renewed.set()
 
@@ -305,3 +308,39 @@ async def test_a_release_tells_the_longest_request_on_the_lease(
     shortest_possible = max(stop - begin for begin, stop in spans.values())
     longest_possible = max(stop - begin for begin, stop in outer.values())
     assert shortest_possible - 0.001 <= release.longest_s <= longest_possible + 0.001
+
+
+async def test_a_renewal_tells_the_longest_request_that_ended_since_the_last(
+    client: NatsActivationClient, controller: ScriptedController
+) -> None:
+    """Two requests share a lease; one ends while the other goes on (the lease is not
+    released): the next renewal carries how long the ended one ran, the one after it
+    nothing more (docs/adr/0006: a member whose lease is never released still has its
+    request times measured)."""
+    controller.ttl_s = 3.0  # renewed every 1 s
+    controller.renew_reply = RenewReply(ok=True, ttl_s=3.0)
+    loop = asyncio.get_running_loop()
+    before = loop.time()
+    first = await acquire(client, "q1")
+    after = loop.time()
+    second = await acquire(client, "q2")
+    ending = loop.time()
+    await client.release(first)
+    ended = loop.time()
+
+    async def reported() -> int | None:
+        seen = controller.renew_requests
+        return next((i + 1 for i, r in enumerate(seen) if r.longest_s is not None), None)
+
+    index = await eventually(reported, timeout=30, interval=0.01)
+    renewal = controller.renew_requests[index - 1]
+    assert renewal.longest_s is not None
+    assert (ending - after) - 0.001 <= renewal.longest_s <= (ended - before) + 0.001
+    assert controller.releases == []  # second still holds the lease
+
+    async def another() -> bool:
+        return len(controller.renew_requests) > index
+
+    await eventually(another, timeout=30, interval=0.01)
+    assert controller.renew_requests[index].longest_s is None
+    await client.release(second)

@@ -118,6 +118,10 @@ class RenewRequest(WireModel):
     router: str = ""
     group: str | None = None
     """The model group that placed the lease (docs/adr/0012): its lease count follows."""
+    longest_s: float | None = Field(default=None, ge=0)
+    """The longest request that ended on the lease since its last renewal (seconds);
+    absent: none ended. A lease shared by back-to-back requests may never be released
+    while they last: its request times come this way (docs/adr/0006)."""
 
 
 class RenewReply(WireModel):

@@ -123,6 +123,7 @@ class PoolAnswers:
             attempt=request.attempt,
             request_id=request.request_id,
             router=request.router,
+            longest_s=request.longest_s,
         )
 
     async def cancel(self, member: str, attempt: str) -> bool:

@@ -185,17 +185,30 @@ class PoolStore:
         attempt: str = "",
         request_id: str = "",
         router: str = "",
+        longest_s: float | None = None,
     ) -> Renewed:
         """Extend a live lease; write back one the store forgot while it relearns (the
-        epoch, attempt and router say whose it was); see scripts.RENEW."""
+        epoch, attempt and router say whose it was); see scripts.RENEW. ``longest_s``:
+        the longest request that ended on it since its last renewal, kept as the member's
+        recent request times when the pool has ``maxWait``."""
         m = self._keys.members.get(member)
         if m is None:
             return Renewed(Renewal.GONE)
         k = self._keys
         result = await self.link.script(
             self._renew,
-            keys=[m.leases, k.state, k.lease_meta, k.attempt_leases],
-            args=[lease_id, self.policy.lease_ttl_ms, member, epoch, attempt, request_id, router],
+            keys=[m.leases, k.state, k.lease_meta, k.attempt_leases, m.request_times],
+            args=[
+                lease_id,
+                self.policy.lease_ttl_ms,
+                member,
+                epoch,
+                attempt,
+                request_id,
+                router,
+                _request_time(self.policy, longest_s),
+                SWAP_TIMES_KEPT,
+            ],
             identified=True,
         )
         outcome = Renewal(int(result[0]))

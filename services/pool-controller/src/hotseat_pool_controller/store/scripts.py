@@ -154,8 +154,9 @@ return 1
 RENEW = (
     _NOW
     + """
--- KEYS: leases of the member, state, lease-meta, attempt-leases
--- ARGV: lease id, ttl ms, member, lease epoch, attempt, request id, router, store id
+-- KEYS: leases of the member, state, lease-meta, attempt-leases, request times of the member
+-- ARGV: lease id, ttl ms, member, lease epoch, attempt, request id, router, request time
+--       ('' none), how many request times to keep, store id
 -- Returns {1, shareable} renewed (or adopted), {0} gone, {-1} cannot tell (state unknown).
 local st = redis.call('HMGET', KEYS[2], 'phase', 'resident', 'epoch', 'store', 'relearn',
                       'unhealthy', 'closed', 'residents', 'unwell', 'closing')
@@ -170,9 +171,14 @@ if string.find(',' .. (st[10] or '') .. ',', ',' .. ARGV[3] .. ',', 1, true) the
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score and tonumber(score) > now then
   redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+  -- The longest request that ended on it lately: the member's request times (ADR 0006).
+  if (ARGV[8] or '') ~= '' then
+    redis.call('LPUSH', KEYS[5], ARGV[8])
+    redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[9]) - 1)
+  end
   return {1, shareable}
 end
-if not st[1] or (ARGV[8] ~= '' and (st[4] or '') ~= ARGV[8]) then return {-1} end
+if not st[1] or (ARGV[10] ~= '' and (st[4] or '') ~= ARGV[10]) then return {-1} end
 -- A lease the store forgot (it restarted, or failed over, and is relearning who is busy):
 -- the resident's lease, issued no later than the state's epoch, is written back.
 -- A cleared field reads as '' and tonumber('') is nil: both count as 0.

@@ -34,8 +34,9 @@ from hotseat_router.activation.protocol import Lease
 
 log = get_logger(__name__)
 
-Renew = Callable[[Lease], Awaitable[RenewReply | None]]
-"""Ask the controller to renew a lease; ``None`` when it could not be asked."""
+Renew = Callable[[Lease, float | None], Awaitable[RenewReply | None]]
+"""Ask the controller to renew a lease, telling it the longest request that ended on the
+lease since the last renewal (``None``: none); ``None`` when it could not be asked."""
 
 
 @dataclass
@@ -54,6 +55,8 @@ class _Held:
     """When each request in ``handles`` began using the lease (loop clock), in order."""
     longest_s: float = 0.0
     """The longest any request that ended ran on the lease (seconds)."""
+    unreported_s: float = 0.0
+    """The longest request that ended since the last renewal was sent (seconds; 0: none)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -74,6 +77,7 @@ class _Held:
         for i, held in enumerate(self.handles):
             if held is handle:
                 self.longest_s = max(self.longest_s, now - self.since[i])
+                self.unreported_s = max(self.unreported_s, now - self.since[i])
                 del self.handles[i]
                 del self.since[i]
                 return True
@@ -208,8 +212,9 @@ class HeldLeases:
         lease = held.lease
         loop = asyncio.get_running_loop()
         asked_at = loop.time()
+        ended, held.unreported_s = held.unreported_s or None, 0.0
         try:
-            reply = await self._renew_one(lease)
+            reply = await self._renew_one(lease, ended)
         finally:
             held.renewing = False
         if self._held.get(lease.lease_id) is not held or lease.lost.is_set():

@@ -427,7 +427,7 @@ class NatsActivationClient:
         )
         return self._leases.hold(lease)
 
-    async def _renew(self, lease: Lease) -> RenewReply | None:
+    async def _renew(self, lease: Lease, longest_s: float | None = None) -> RenewReply | None:
         message = RenewRequest(
             pool=lease.pool,
             member=lease.member,
@@ -437,6 +437,7 @@ class NatsActivationClient:
             request_id=lease.request_id,
             router=self._router,
             group=lease.group,
+            longest_s=round(longest_s, 3) if longest_s is not None else None,
         )
         try:
             data = await self._request(self._subjects.renew, message, SMALL_TIMEOUT_S)
