@@ -322,8 +322,21 @@ class Stack:
         """The full verdict holds on ``gpu``'s ledger; ``excused``: requests whose router
         died or froze past its lease (their cuts are counted apart, not as violations)."""
         verdict = await self.verdict(gpu, excused=excused)
-        assert verdict.ok, f"ledger of {gpu} violates the invariants: {verdict.summary()} {verdict}"
+        assert verdict.ok, (
+            f"ledger of {gpu} violates the invariants: {verdict.summary()} {verdict}"
+            + self._write_failure_lines()
+        )
         return verdict
+
+    def _write_failure_lines(self) -> str:
+        """What the sims logged of their failed ledger writes (the error says why)."""
+        lines = [
+            f"{name}: {line}"
+            for name, sim in self.sims.items()
+            for line in sim.log_text().splitlines()
+            if "sim_ledger_write_failed" in line
+        ]
+        return "".join(f"\n  {line}" for line in lines)
 
     async def judged_ledger(self, gpu: str = "gpu0") -> list[LedgerEntry]:
         """``gpu``'s ledger, once the full verdict on it holds (for further checks)."""

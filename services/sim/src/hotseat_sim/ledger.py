@@ -20,7 +20,7 @@ import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import redis.asyncio as aioredis
 
@@ -60,6 +60,10 @@ for i = 4, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'event', 'unloaded', unpack(fields))
 return 1
 """
+
+
+_LOOK_BACK = 1000
+"""Entries read back, newest first, to find one whose write timed out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +123,24 @@ class Ledger:
             await self._writer
         self._writer = None
 
+    async def _landed(self) -> dict[str, str] | None:
+        """The next entry's fields if it is in the ledger (called by the writer only).
+
+        A command whose reply did not come within the client's timeout may still have run:
+        this process was frozen or starved after sending it, and on waking its timer fired
+        before it read the reply. The entry's ``boot`` and ``seq`` tell whether it landed;
+        only one that did not is a failed write.
+        """
+        seq = str(self._seq + 1)
+        with contextlib.suppress(aioredis.RedisError):
+            newest: list[tuple[str, dict[str, str]]] = cast(
+                "Any", await self._redis.xrevrange(self._stream, count=_LOOK_BACK)
+            )
+            for _id, fields in newest:
+                if fields.get("boot") == self.boot and fields.get("seq") == seq:
+                    return fields
+        return None
+
     def _stamp(self) -> list[str]:
         """The identity fields of the next entry (called by the writer only)."""
         return ["boot", self.boot, "seq", str(self._seq + 1)]
@@ -157,7 +179,13 @@ class Ledger:
         async def run() -> None:
             stamped = [*pairs, *self._stamp()]
             mapping: dict[Any, Any] = dict(zip(stamped[::2], stamped[1::2], strict=True))
-            await self._redis.xadd(self._stream, mapping, maxlen=int(self._max), approximate=True)
+            try:
+                await self._redis.xadd(
+                    self._stream, mapping, maxlen=int(self._max), approximate=True
+                )
+            except aioredis.TimeoutError:
+                if await self._landed() is None:
+                    raise
             self._seq += 1
 
         self._queue.put_nowait(_Op(run, None))
@@ -167,9 +195,15 @@ class Ledger:
 
         async def run() -> Admission:
             args = [self.member, repr(gib), "" if capacity is None else repr(capacity), self._max]
-            ok, used = await self._admit(
-                keys=[self._resident, self._stream], args=[*args, *_pairs(fields), *self._stamp()]
-            )
+            try:
+                ok, used = await self._admit(
+                    keys=[self._resident, self._stream],
+                    args=[*args, *_pairs(fields), *self._stamp()],
+                )
+            except aioredis.TimeoutError:
+                if (entry := await self._landed()) is None:
+                    raise
+                ok, used = entry["event"] == LedgerEvent.LOAD_START.value, entry["used"]
             self._seq += 1  # both answers (load_start or oom) wrote an entry
             return Admission(bool(int(ok)), float(used))
 
@@ -187,7 +221,14 @@ class Ledger:
                 *_pairs(fields),
                 *self._stamp(),
             ]
-            wrote = bool(int(await self._release(keys=[self._resident, self._stream], args=args)))
+            try:
+                wrote = bool(
+                    int(await self._release(keys=[self._resident, self._stream], args=args))
+                )
+            except aioredis.TimeoutError:
+                if await self._landed() is None:
+                    raise
+                wrote = True
             if wrote:
                 self._seq += 1
             return wrote
