@@ -49,6 +49,7 @@ from tests.controller.test_stateful import (
     MEMBERS,
     POLICY,
     RELEARN_MS,
+    Command,
     ControllerMachine,
     GatedDriver,
     SimGpu,
@@ -371,23 +372,29 @@ def test_a_member_at_work_for_bypassing_traffic_is_not_evicted(
         m.quiesce()  # its traffic ends: the next plan unloads it, and c loads
 
 
+def _loading_a_and_c(m: CapacityMachine) -> Command:
+    """An admin empties the pool; while its plan unloads a, requests for a and c come
+    (22 GiB together): the next plan loads both at once. Returns c's load, pending."""
+    wait = PoolActivation.WAIT
+    m.admin_unload("c1")
+    assert m.driver.pending
+    m.acquire("a", wait, "c1", "client-1")
+    m.acquire("c", wait, "c1", "client-2")
+    _settle_swaps(m)  # the unload; the tick then plans a and c
+    m.tick("c1")
+    loads = sorted(c.member for c in m.driver.pending if c.kind == "load")
+    assert loads == ["a", "c"], (loads, m.snapshot())
+    (load_c,) = [c for c in m.driver.pending if c.kind == "load" and c.member == "c"]
+    return load_c
+
+
 def test_members_waiting_together_load_at_once(machine: type[CapacityMachine]) -> None:
     """An admin empties the pool; while its plan unloads a, requests for a and c come
     (22 GiB together): the next plan loads both at once, their two loads under way on
     the GPU together; each joins the set when its own load ends, and the other waiter
     is granted before the second load ends."""
-    wait = PoolActivation.WAIT
     with warm(machine) as m:  # a, the default, resident
-        m.admin_unload("c1")
-        assert m.driver.pending
-        m.acquire("a", wait, "c1", "client-1")
-        m.acquire("c", wait, "c1", "client-2")
-        _settle_swaps(m)  # the unload; the tick then plans a and c
-        m.tick("c1")
-        loads = sorted(c.member for c in m.driver.pending if c.kind == "load")
-        assert loads == ["a", "c"], (loads, m.snapshot())
-        (load_c,) = [c for c in m.driver.pending if c.member == "c"]
-        m.step(load_c)
+        m.step(_loading_a_and_c(m))
         snap = m.snapshot()
         assert "c" in snap.residents, snap
         assert "a" not in snap.residents, snap
@@ -403,14 +410,8 @@ def test_members_waiting_together_load_at_once(machine: type[CapacityMachine]) -
 def test_a_member_that_fails_beside_another_fails_alone(machine: type[CapacityMachine]) -> None:
     """The same two loads; c's fails: a still joins the set, c stays counted (its load
     may have taken memory) until a later plan unloads it, and c's waiter is told."""
-    wait = PoolActivation.WAIT
     with warm(machine) as m:
-        m.admin_unload("c1")
-        m.acquire("a", wait, "c1", "client-1")
-        m.acquire("c", wait, "c1", "client-2")
-        _settle_swaps(m)
-        m.tick("c1")
-        (load_c,) = [c for c in m.driver.pending if c.kind == "load" and c.member == "c"]
+        load_c = _loading_a_and_c(m)
         m.failed.add("c")
         m.driver.open(load_c, fail=True)
         m.settle()
@@ -453,15 +454,9 @@ def test_a_takeover_resumes_only_the_loads_not_yet_committed(
     """The plan loading a and c together: c is loaded and joins the set, then its owner
     dies with a's load under way. The replica that takes the plan over loads a alone (c
     is not loaded again), and the plan ends with both in the set."""
-    wait = PoolActivation.WAIT
     with warm(machine) as m:
-        m.admin_unload("c1")
-        m.acquire("a", wait, "c1", "client-1")
-        m.acquire("c", wait, "c1", "client-2")
-        _settle_swaps(m)
-        m.tick("c1")
+        load_c = _loading_a_and_c(m)
         (plan,) = m.swaps
-        (load_c,) = [c for c in m.driver.pending if c.kind == "load" and c.member == "c"]
         m.step(load_c)
         assert "c" in m.snapshot().residents
         m.controller_dies_now(plan.owner)
