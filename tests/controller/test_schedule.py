@@ -210,12 +210,48 @@ def test_if_idle_requests_for_a_closed_resident_are_skipped() -> None:
 
 
 def test_min_residency_protects_a_new_resident() -> None:
-    """A resident younger than minResidency is not closed, however long the waiter."""
-    young = busy_resident(waited_ms=60_000, resident_for_ms=1_999)
-    assert "closed" not in state_of(decide_tick(young, FAIR, ME))
-    assert isinstance(decide_acquire(young, ask("chat"), FAIR, ME).reply, Granted)
-    old_enough = busy_resident(waited_ms=60_000, resident_for_ms=2_000)
-    assert state_of(decide_tick(old_enough, FAIR, ME))["closed"] == "1"
+    """A resident younger than minResidency is not closed for a waiter that came after it,
+    however long past maxWait that waiter waited (minResidency 60 s, maxWait 5 s)."""
+    dwell = replace(FAIR, min_residency_ms=60_000)
+    young = busy_resident(waited_ms=59_000, resident_for_ms=59_999)
+    assert "closed" not in state_of(decide_tick(young, dwell, ME))
+    assert isinstance(decide_acquire(young, ask("chat"), dwell, ME).reply, Granted)
+    old_enough = busy_resident(waited_ms=59_000, resident_for_ms=60_000)
+    assert state_of(decide_tick(old_enough, dwell, ME))["closed"] == "1"
+
+
+def test_a_waiter_in_line_before_the_commit_is_not_held_by_min_residency() -> None:
+    """coder's waiter arrived during the swap that made chat resident (it waited longer
+    than chat has been resident): once its wait plus chat's expected drain reaches
+    maxWait, chat closes although it is younger than minResidency (the waiter's deadline
+    wins over the dwell). Before that point nothing closes; a waiter that came a moment
+    after the commit is still held by the dwell."""
+    drains = {"chat": (2.0,)}
+    before = busy_resident(waited_ms=2_999, resident_for_ms=500, member_drain_times=drains)
+    assert state_of(decide_tick(before, FAIR, ME)) == {}
+    due = busy_resident(waited_ms=3_000, resident_for_ms=500, member_drain_times=drains)
+    assert state_of(decide_tick(due, FAIR, ME))["closed"] == "1"
+    held = decide_acquire(due, ask("chat"), FAIR, ME)
+    assert isinstance(held.reply, WaitReply)
+    assert state_of(held)["closed"] == "1"
+    after_commit = busy_resident(
+        waited_ms=3_000, resident_for_ms=3_001, member_drain_times={"chat": (2.0,)}
+    )
+    dwell = replace(FAIR, min_residency_ms=4_000)
+    assert state_of(decide_tick(after_commit, dwell, ME)) == {}
+    at_commit = busy_resident(waited_ms=3_001, resident_for_ms=3_001, member_drain_times=drains)
+    assert state_of(decide_tick(at_commit, dwell, ME))["closed"] == "1"
+
+
+def test_a_higher_priority_waiter_closes_a_new_resident_at_once() -> None:
+    """A waiter that came after chat's commit but whose priority moves its virtual
+    arrival before it (priority 1 at 10 s a level: it ranks as having waited 10 s) closes
+    chat at once, minResidency or not: new requests for chat are held from then on."""
+    aged = replace(FAIR, min_residency_ms=60_000)
+    urgent = busy_resident(waited_ms=100 + aged.priority_aging_ms, resident_for_ms=200)
+    d = decide_acquire(urgent, ask("chat"), aged, ME)
+    assert isinstance(d.reply, WaitReply)
+    assert state_of(d)["closed"] == "1"
 
 
 def test_min_residency_defaults_to_twice_the_measured_swap() -> None:

@@ -266,6 +266,45 @@ async def test_min_residency_keeps_a_new_resident(make_stack: Make) -> None:
     await stack.assert_invariants()
 
 
+async def test_a_waiter_in_line_during_the_swap_is_not_held_by_min_residency(
+    make_stack: Make,
+) -> None:
+    """A judge request arrives while the pool swaps to coder (a 3 s load); once coder is
+    resident its own demand never stops. minResidency is 60 s, maxWait 2 s: the judge
+    waiter was in line before coder's commit, so its maxWait deadline wins over coder's
+    dwell: coder closes, drains, and judge is served well within its 20 s budget (held
+    by the dwell it would be answered 503 at the budget). coder's requests held by the
+    close are served after the swap back; nothing is cut."""
+    config = pool_stack_config(
+        pool={"maxWait": "2s", "minResidency": "60s", "swapBudget": "20s"},
+        coder={"loadSeconds": 3.0},
+    )
+    stack = started(make_stack(config))
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    first_coder = asyncio.create_task(chat(url, "coder"))
+
+    async def swapping_to_coder() -> bool:
+        state = await stack.state_hash()
+        return state.get("phase") in ("unloading", "loading") and state.get("target") == "coder"
+
+    await eventually(swapping_to_coder)
+    waiting = asyncio.create_task(chat(url, "judge"))
+    urgency = Keys(stack.prefix).pool_waiter_urgency("gpu0", "judge")
+    await eventually(lambda: _waited_ms(stack, urgency, 0))
+    assert await swapping_to_coder(), "judge's waiter came after coder's commit: no test"
+    # 200 tokens at 200 tokens/s: each relayed coder request runs 1 s.
+    async with endless_demand(url, "coder", tokens=200) as statuses:
+        response = await waiting
+        assert response.status_code == 200, response.text
+        assert response.headers["x-hotseat-backend"] == "judge"
+    assert (await first_coder).status_code == 200
+    assert set(statuses) == {200}, statuses
+    reasons = [(e["to_member"], e["reason"]) for e in await swaps_started(stack)]
+    assert ("judge", "swap_back") in reasons, reasons
+    await stack.assert_invariants()
+
+
 async def _waited_ms(stack: Stack, urgency_key: str, at_least: float) -> float | None:
     """The most urgent waiter in ``urgency_key`` has waited ``at_least`` ms (store clock):
     its arrival then (ms, store clock), else None."""
@@ -347,6 +386,36 @@ async def test_aging_lets_a_long_waiter_go_before_a_later_higher_priority(
         assert (await task).status_code == 200
     order = [e["to_member"] for e in await swaps_started(stack) if e["reason"] != "warm_default"]
     assert order[:2] == ["coder", "small"], order
+    await stack.assert_invariants()
+
+
+async def test_a_higher_priority_waiter_closes_a_new_resident_at_once(make_stack: Make) -> None:
+    """coder has just become resident (minResidency 60s, maxWait 2s) and its own demand
+    never stops; a judge request of priority 9 (90 s of virtual wait at 10 s a level)
+    ranks as in line before coder's commit, so it closes coder at once, dwell or not:
+    coder's new requests are held from then on, its running ones drain, judge is served
+    (held by the dwell it would be answered 503 at its 20 s budget), then coder's held
+    requests after the swap back. Nothing is cut."""
+    pool = {"maxWait": "2s", "minResidency": "60s", "swapBudget": "20s"}
+    stack = started(make_stack(three_members(pool)))
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    assert (await chat(url, "coder")).status_code == 200
+    await stack.wait_resident("coder")
+    # 200 tokens at 200 tokens/s: each relayed coder request runs 1 s.
+    async with endless_demand(url, "coder", tokens=200) as statuses:
+        high = asyncio.create_task(chat(url, "judge", **{"x-hotseat-priority": "9"}))
+
+        async def closed() -> bool:
+            return (await stack.state_hash()).get("closed") == "1"
+
+        await eventually(closed)
+        response = await high
+        assert response.status_code == 200, response.text
+        assert response.headers["x-hotseat-backend"] == "judge"
+    assert set(statuses) == {200}, statuses
+    reasons = [(e["to_member"], e["reason"]) for e in await swaps_started(stack)]
+    assert ("judge", "swap_back") in reasons, reasons
     await stack.assert_invariants()
 
 

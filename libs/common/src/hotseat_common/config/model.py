@@ -392,9 +392,10 @@ class Pool(_Model):
     resident wait behind it, so the resident drains and the pool swaps (unset: the
     resident keeps the GPU while it has demand)."""
     min_residency: Duration | None = None
-    """How long a new resident stays before ``maxWait`` may close it for another member
-    (unset: twice the pool's mean measured swap time, at least 1s); an idle resident is
-    swapped at once whatever its age."""
+    """How long a new resident stays before ``maxWait`` may close it for a request that
+    came after it (unset: twice the pool's mean measured swap time, at least 1s); a
+    request already in line when it became resident (or ranked so by its priority) is
+    bounded by ``maxWait`` alone; an idle resident is swapped at once whatever its age."""
     priority_aging: PositiveDuration = 10.0
     """A waiting request of priority ``p`` ranks as if it had waited ``p`` times this much
     longer, so a low priority request moves up one level for every such span it waits."""

@@ -117,13 +117,23 @@ def resident_long_enough(snap: PoolSnapshot, policy: PoolPolicy, since_ms: int) 
     return snap.now_ms - since_ms >= min_residency_ms(snap, policy)
 
 
+def waiting_since_before(snap: PoolSnapshot, member: str, since_ms: int) -> bool:
+    """``member``'s most urgent waiter ranks as waiting since before ``since_ms`` (the
+    resident's commit): it arrived during the swap that made the resident resident, or
+    earlier, or its priority moves its virtual arrival before it. ``minResidency`` keeps a
+    new resident from the demand that comes after it; a waiter already in line when it
+    came in is bounded by ``maxWait`` alone (its deadline wins over the dwell)."""
+    return snap.urgency.get(member, snap.now_ms) <= since_ms
+
+
 def closing_for(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
     """The member the resident must close for now (``maxWait``): the most urgent other
     member, once its most urgent waiter's wait plus the resident's expected drain
     (:func:`drain_s`) reaches ``maxWait`` (so the drain ends near ``maxWait``, not
     ``maxWait`` plus the drain; nothing is cut, and a drain longer than expected only
-    ends later), the resident has been resident ``minResidency`` and the requests it came
-    in for have been served; ``None`` when nothing closes (or it is closed already)."""
+    ends later), the resident has been resident ``minResidency`` (unless that waiter was
+    in line before its commit: :func:`waiting_since_before`) and the requests it came in
+    for have been served; ``None`` when nothing closes (or it is closed already)."""
     if policy.max_wait_ms is None or snap.closed or snap.phase not in SERVING:
         return None
     member = most_urgent(snap, excluding=snap.resident)
@@ -132,7 +142,9 @@ def closing_for(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
     drain_ms = round(drain_s(snap, snap.resident) * 1000)
     if not waited_max_wait(snap, policy, member, drain_ms=drain_ms):
         return None
-    if not resident_long_enough(snap, policy, snap.committed_ms):
+    if not resident_long_enough(snap, policy, snap.committed_ms) and not waiting_since_before(
+        snap, member, snap.committed_ms
+    ):
         return None
     if snap.live_waiters(snap.resident) > 0 and just_committed(snap, policy):
         # The requests it was swapped in for are re-asking right now: serve them first,
