@@ -180,6 +180,11 @@ class PoolSnapshot:
     """When the swap in flight began its load (Redis clock; 0: not yet)."""
     leases: Mapping[str, int] = field(default_factory=dict)
     waiters: Mapping[str, int] = field(default_factory=dict)
+    lease_expiry: Mapping[str, int] = field(default_factory=dict)
+    """member -> when its first live lease expires unless renewed (Redis clock); read
+    only for a supervisor's tick (what it may sleep on, docs/adr/0011)."""
+    waiter_deadline: Mapping[str, int] = field(default_factory=dict)
+    """member -> when its first live waiter gives up (Redis clock); as ``lease_expiry``."""
     failures: Mapping[str, int] = field(default_factory=dict)
     """member -> milliseconds left of its swap-failure backoff."""
     swap_times: tuple[float, ...] = ()

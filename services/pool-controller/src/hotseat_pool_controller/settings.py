@@ -16,13 +16,16 @@ class ControllerSettings(ServiceSettings, RedisSettings):
         default=None, description="Bearer token for POST /v1/pools/{name}/swap and /unload"
     )
     tick_interval: float = Field(
-        default=0.5, gt=0, description="Seconds between supervisor ticks when nothing happens"
+        default=0.5,
+        gt=0,
+        description="Seconds between supervisor ticks of a pool in transition (a decision"
+        " taken, a lease reaped, /slots to read, maxWait pending), and the least a pool rests",
     )
     idle_tick_interval: float = Field(
         default=5.0,
         gt=0,
-        description="Seconds between supervisor ticks of a pool with no lease, waiter or swap"
-        " (any request, release or state change wakes it at once)",
+        description="Seconds a pool's supervisor rests at most: it reads the pool at its next"
+        " deadline (a lease expiring, a waiter giving up...) or when something wakes it",
     )
     reconcile_interval: float = Field(
         default=2.0, gt=0, description="Seconds between resident health checks"

@@ -27,6 +27,7 @@ from hotseat_pool_controller.decisions.start import forget_cause, next_epoch, st
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
     NOTHING,
+    SERVING,
     AuditIntent,
     Decision,
     Phase,
@@ -62,35 +63,61 @@ def decide_tick(  # noqa: PLR0911 - one move per state of the pool
     return _toward(snap, policy, controller, demand, slots_busy)
 
 
-def quiet_for_ms(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> float | None:
-    """How long the pool has nothing to do that a tick would find by itself.
+def rest_for_ms(snap: PoolSnapshot, policy: PoolPolicy, controller: str) -> float | None:
+    """How long the pool's supervisor may sleep before it reads the pool again, busy or
+    not (docs/adr/0011): the milliseconds until the first moment a tick could decide
+    something that no wake-up announces, ``math.inf`` when there is none.
 
-    ``None`` when it has work of its own (and for a pool with ``capacity``, whose
-    residents are not looked at here): a lease or a waiter (leases are reaped, waiters
-    served, a busy incumbent closed at ``maxWait``), a swap or a drain (its owner may go
-    silent), an unknown or unhealthy state, or anything this tick would decide now; its
-    supervisor then ticks at its usual interval. Otherwise the milliseconds until the
-    first moment a tick could decide something without a request (an idle unload falling
-    due, a member's failure backoff ending, a relearning window closing), ``math.inf``
-    when there is none: the supervisor may sleep that long (requests, releases and other
-    replicas' state changes wake it earlier)."""
-    if policy.has_capacity:
-        return None  # several residents: supervised on every tick, as before
-    if snap.phase != Phase.IDLE or snap.unhealthy or snap.closed:
+    The moments: a resident's idle unload falling due, a member's failure backoff
+    ending, a relearning window closing, and for a busy pool: its first live lease's
+    expiry (reaped then, and the member may stop serving), its first live waiter's
+    deadline (demand may go), a swap owner's heartbeat lapsing (taken over), the new
+    resident's waiters' grace ending, and, while its resident serves or is waited for,
+    ``idleUnloadAfter`` from now (the earliest its idle unload can fall due after a
+    release that wakes nobody). A grant or a renewal moves no moment earlier (each lease
+    expires ``leaseTtl`` after it, after every lease read before); what else can move the
+    pool wakes the supervisor (an acquire that left a waiter, a release that can move it,
+    a cancel, a state change, an admin action).
+
+    ``None``: tick at the usual interval: a pool with ``capacity`` (not looked at here),
+    an unknown or unhealthy state, one read without its deadlines, anything this tick
+    would decide now (a member's ``/slots`` to read included), and a resident that
+    ``maxWait`` may close for another member's waiters (the close falls due earlier as
+    renewals and releases report longer requests, which wake nobody)."""
+    if policy.has_capacity or snap.phase == Phase.UNKNOWN or snap.unhealthy:
         return None
-    if any(n > 0 for n in snap.leases.values()) or any(n > 0 for n in snap.waiters.values()):
+    if any(n > 0 and m not in snap.lease_expiry for m, n in snap.leases.items()) or any(
+        n > 0 and m not in snap.waiter_deadline for m, n in snap.waiters.items()
+    ):
         return None
     if decide_tick(snap, policy, controller) is not NOTHING:
         return None
+    if (
+        policy.max_wait_ms is not None
+        and snap.phase in SERVING
+        and not snap.closed
+        and most_urgent(snap, excluding=snap.resident) is not None
+    ):
+        return None
+    now = snap.now_ms
     moments = [float(ttl) for ttl in snap.failures.values() if ttl > 0]
-    if snap.relearn_ms > snap.now_ms:
-        moments.append(float(snap.relearn_ms - snap.now_ms))
+    moments += [float(at - now) for at in snap.lease_expiry.values()]
+    moments += [float(at - now) for at in snap.waiter_deadline.values()]
+    if snap.relearn_ms > now:
+        moments.append(float(snap.relearn_ms - now))
+    if snap.phase in IN_FLIGHT:
+        moments.append(float(snap.heartbeat_ms + 1 - now))
+    if snap.committed_ms + policy.waiter_grace_ms > now:
+        moments.append(float(snap.committed_ms + policy.waiter_grace_ms - now))
     resident = snap.resident
     after = policy.idle_unload_ms.get(resident) if resident is not None else None
     if after is not None and resident != policy.default:
-        idle_since = max(snap.committed_ms, snap.released_ms)
-        moments.append(float(max(0, idle_since + after - snap.now_ms)))
-    return min(moments, default=math.inf)
+        if snap.serving(resident) or snap.live_waiters(resident) > 0:
+            moments.append(float(after))
+        else:
+            idle_since = max(snap.committed_ms, snap.released_ms)
+            moments.append(float(idle_since + after - now))
+    return max(0.0, min(moments, default=math.inf))
 
 
 def _without_demand(

@@ -4,6 +4,8 @@ report, and an operator's admin swap and unload."""
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -17,6 +19,8 @@ from hotseat_pool_controller.decisions.busy import SlotsRead, all_idle
 from hotseat_pool_controller.decisions.preload import Preloads
 from hotseat_pool_controller.model import (
     AcquireAsk,
+    AddLease,
+    AddWaiter,
     Decision,
     PoolPolicy,
     PoolSnapshot,
@@ -32,21 +36,48 @@ log = get_logger(__name__)
 
 
 class Stir:
-    """Wakes a quiet pool's supervisor (``quiet`` is the supervisor's to set) at the first
-    sign of life: a lease asked for or renewed here, or another replica's state change.
-    Costs nothing while the pool is busy (the supervisor ticks on its timer anyway)."""
+    """Wakes a resting supervisor (docs/adr/0011) when something it does not sleep on
+    happens here: a sign of life that may move the pool (an acquire that left a waiter or
+    changed the state, another replica's state change), or a lease that would outlive
+    the rest (a rest no lease was read for may be longer than a lease's life). A grant or
+    a renewal costs nothing while the supervisor rests on the pool's leases: each lease
+    expires a lease TTL after it, after every lease the supervisor read."""
 
     def __init__(self, wake: asyncio.Event) -> None:
         self._wake = wake
-        self.quiet = False
+        self.resting_until: float | None = None
+        """While the supervisor rests: when it next reads the pool (``time.monotonic``)."""
         self.stirs = 0
-        """Signs of life so far: a supervisor that saw one during its tick is not quiet."""
+        """Signs of life so far: a supervisor that saw one during its tick does not rest."""
+        self.due = math.inf
+        """The earliest a lease granted or renewed since the supervisor's last read can
+        expire (``time.monotonic``): its rest ends no later."""
 
     def __call__(self) -> None:
         self.stirs += 1
-        if self.quiet:
-            self.quiet = False
+        if self.resting_until is not None:
+            self.resting_until = None
             self._wake.set()
+
+    def lease(self, ttl_s: float) -> None:
+        """A lease was granted or renewed here: it expires in ``ttl_s`` unless renewed."""
+        due = time.monotonic() + ttl_s
+        self.due = min(self.due, due)
+        if self.resting_until is not None and self.resting_until > due:
+            self()
+
+    def rest(self, until: float | None) -> float | None:
+        """The supervisor rests until ``until`` (``None``: it does not rest), or earlier
+        when a lease granted during its tick expires sooner; returns when it wakes."""
+        if until is not None:
+            until = min(until, self.due)
+        self.resting_until = until
+        return until
+
+    def begin(self) -> int:
+        """The supervisor reads the pool: leases granted from now on are read, or stirred."""
+        self.due = math.inf
+        return self.stirs
 
 
 class PoolAnswers:
@@ -84,7 +115,6 @@ class PoolAnswers:
         return pool_view(self.policy, snap, self._preloads)
 
     async def acquire(self, request: AcquireRequest) -> Reply:
-        self._stir()
         lease_id = uuid.uuid4().hex
         fast = await self._store.grant_if_resident(
             request.member,
@@ -94,14 +124,21 @@ class PoolAnswers:
             request_id=request.request_id,
         )
         if fast is not None:
+            self._stir.lease(self.policy.lease_ttl_ms / 1000)  # once it is in the store
             self._announcer.acquired(self.name, request.member, fast.status)
             return fast
+        waiting = False
 
         def decide(snap: PoolSnapshot, slots_busy: SlotsRead) -> Decision:
+            nonlocal waiting
+            waiting = snap.attempt_waiting
             ask = AcquireAsk.of(request, now_ms=snap.now_ms, lease_id=lease_id)
             return decide_acquire(snap, ask, self.policy, self._controller, slots_busy=slots_busy)
 
         decision = await self._transitions.decide(decide, request.attempt)
+        self._stir.lease(self.policy.lease_ttl_ms / 1000)
+        if moves_pool(decision, waiting=waiting):
+            self._stir()
         reply = decision.reply or ErrorReply(code=ErrorCode.INTERNAL_ERROR, message="no decision")
         self._announcer.acquired(self.name, request.member, reply.status)
         return reply
@@ -115,8 +152,7 @@ class PoolAnswers:
         return released.removed
 
     async def renew(self, request: RenewRequest) -> Renewed:
-        self._stir()
-        return await self._store.renew(
+        renewed = await self._store.renew(
             request.member,
             request.lease_id,
             epoch=request.epoch,
@@ -125,6 +161,8 @@ class PoolAnswers:
             router=request.router,
             longest_s=request.longest_s,
         )
+        self._stir.lease(self.policy.lease_ttl_ms / 1000)  # once it is in the store
+        return renewed
 
     async def cancel(self, member: str, attempt: str) -> bool:
         removed = await self._store.cancel(member, attempt)
@@ -168,3 +206,13 @@ class PoolAnswers:
         if decision.swap is None:
             return decision
         return replace(decision, swap=replace(decision.swap, over_slots=True))
+
+
+def moves_pool(decision: Decision, *, waiting: bool) -> bool:
+    """An acquire's decision changed what a tick decides on: anything but a lease (it
+    expires after every lease read before) and a waiter that was waiting already (it
+    keeps its place; its deadline only moves later)."""
+    return any(
+        not isinstance(op, AddLease) and not (isinstance(op, AddWaiter) and waiting)
+        for op in decision.ops
+    )

@@ -2,11 +2,15 @@
 loop (tick on every local trigger and on a timer, reap expired leases, check the
 resident).
 
-A pool with no lease, no waiter and no swap is *quiet*: its supervisor reads the store
-only every ``idle_tick_interval`` (or at the first moment a tick could decide something
-by itself, :func:`~hotseat_pool_controller.decisions.tick.quiet_for_ms`) and checks the
-resident's health from the driver alone. Any acquire, renewal, release or cancel here,
-and any state change another replica announces, wakes it at once.
+The supervisor reads the pool only when a tick could decide something (docs/adr/0011):
+after each tick it rests until the first moment one could decide something by itself
+(:func:`~hotseat_pool_controller.decisions.tick.rest_for_ms`: a lease expiring, a
+waiter giving up, a swap owner going silent, an idle unload falling due...), at least
+``tick_interval`` and at most ``idle_tick_interval`` later, and checks the resident's
+health from the driver alone meanwhile. What can move the pool before then here (an
+acquire that left a waiter, a release that can move it, a cancel, any replica's state
+change, a swap ending) wakes it at once; grants and renewals do not, unless the lease
+would outlive the rest.
 
 Everything durable is in Redis (:class:`~hotseat_pool_controller.store.pool.PoolStore`);
 what a replica keeps in memory (its running swap tasks, a health-failure counter) any
@@ -27,7 +31,7 @@ from hotseat_common.logging import get_logger
 from hotseat_common.tracing import NO_TRACING, Tracing
 from hotseat_pool_controller.decisions.capacity import free_gib
 from hotseat_pool_controller.decisions.preload import Preloads, decide_preload, preload_left
-from hotseat_pool_controller.decisions.tick import decide_tick, quiet_for_ms
+from hotseat_pool_controller.decisions.tick import decide_tick, rest_for_ms
 from hotseat_pool_controller.drivers.base import DriverError, ResidencyDriver
 from hotseat_pool_controller.model import NOTHING, Phase, PoolPolicy, PoolSnapshot
 from hotseat_pool_controller.runtime.announcer import Announcer
@@ -61,6 +65,8 @@ class PoolRuntime:
         self._controller = controller
         self._wake = asyncio.Event()
         self.stir = Stir(self._wake)
+        self.ticks = 0
+        """Ticks so far (each reads the pool): what a busy pool's supervision costs."""
         outcomes = Outcomes(store, announcer)
         runner = SwapRunner(store, driver, policy, controller, outcomes, tracing=tracing)
         self.swaps = Swaps(runner, announcer, policy.name, self._wake)
@@ -97,7 +103,7 @@ class PoolRuntime:
         """Reap (on the timer), then move the pool forward (one replica wins each
         transition). Returns the state read, when nothing was changed since (no lease
         reaped, nothing decided): what the supervisor may sleep on."""
-        snap = await self._store.snapshot()
+        snap = await self._store.snapshot(deadlines=True)
         if snap.phase == Phase.UNKNOWN:
             await self._recovery.rebuild()
             return None
@@ -133,8 +139,9 @@ class PoolRuntime:
     async def supervise(
         self, tick_interval: float, reconcile_interval: float, idle_interval: float = 5.0
     ) -> None:
-        """Tick on every local trigger and on a timer (every ``idle_interval`` at most
-        while the pool is quiet); check the resident every ``reconcile_interval``."""
+        """Tick on every local trigger and on a timer (resting between ticks for as long
+        as nothing can fall due, ``idle_interval`` at most); check the resident every
+        ``reconcile_interval``."""
         plan = _Plan(tick_interval, reconcile_interval, idle_interval)
         while True:
             try:
@@ -154,27 +161,30 @@ class PoolRuntime:
                 # Heavy contention (leases coming and going on the resident) made every
                 # attempt's precondition break; the next tick decides afresh. Not fatal.
                 log.warning("supervisor_decision_contended", pool=self.name, error=str(exc))
-            self.stir.quiet = plan.quiet_until is not None
+            plan.rest_until = self.stir.rest(plan.rest_until)
+            if plan.rest_until is None:
+                plan.snap = None
 
     async def _step(self, plan: _Plan, *, woken: bool) -> None:
-        """One turn of the supervisor: a tick (or, quiet and not woken, only the health
+        """One turn of the supervisor: a tick (or, resting and not woken, only the health
         check), then the health check when it is due."""
         now = time.monotonic()
-        if plan.quiet_until is not None and not woken and now < plan.quiet_until:
-            # Quiet, and only the health check is due: the driver alone.
+        if plan.rest_until is not None and not woken and now < plan.rest_until:
+            # Resting, and only the health check is due: the driver alone.
             plan.next_health = now + plan.reconcile_interval
             await self._recovery.check_resident(known=plan.snap)
             return
-        reap = plan.quiet_until is not None or now >= plan.next_reap
+        self.ticks += 1
+        reap = plan.rest_until is not None or now >= plan.next_reap
         if reap:
             plan.next_reap = now + plan.tick_interval
-        plan.quiet_until = plan.snap = None
-        stirs = self.stir.stirs
+        plan.rest_until = plan.snap = None
+        stirs = self.stir.begin()
         snap = await self.tick(reap=reap)
-        quiet = quiet_for_ms(snap, self.policy, self._controller) if snap else None
-        if quiet is not None and self.stir.stirs == stirs:
+        rest = rest_for_ms(snap, self.policy, self._controller) if snap else None
+        if rest is not None and self.stir.stirs == stirs:
             plan.snap = snap
-            plan.quiet_until = now + min(plan.idle_interval, max(plan.tick_interval, quiet / 1000))
+            plan.rest_until = now + min(plan.idle_interval, max(plan.tick_interval, rest / 1000))
         if time.monotonic() >= plan.next_health:
             plan.next_health = time.monotonic() + plan.reconcile_interval
             await self._recovery.check_resident(known=plan.snap)
@@ -189,12 +199,12 @@ class _Plan:
     idle_interval: float
     next_reap: float = field(default_factory=time.monotonic)
     next_health: float = field(default_factory=time.monotonic)
-    quiet_until: float | None = None
-    """Set while the pool is quiet: its next tick (earlier if woken)."""
+    rest_until: float | None = None
+    """Set while the supervisor rests: its next tick (earlier if woken)."""
     snap: PoolSnapshot | None = None
-    """The quiet pool as its last tick read it."""
+    """The pool as the tick before the rest read it."""
 
     def wait(self) -> float:
-        if self.quiet_until is None:
+        if self.rest_until is None:
             return self.tick_interval
-        return max(0.0, min(self.quiet_until, self.next_health) - time.monotonic())
+        return max(0.0, min(self.rest_until, self.next_health) - time.monotonic())

@@ -246,6 +246,12 @@ def decode_snapshot(raw: Mapping[str, Any]) -> PoolSnapshot:
         loading_ms=int(state.get("loading") or 0),
         leases={m["name"]: int(m["leases"]) for m in members},
         waiters={m["name"]: int(m["waiters"]) for m in members},
+        lease_expiry={
+            m["name"]: int(float(m["expiry"])) for m in members if m.get("expiry") is not None
+        },
+        waiter_deadline={
+            m["name"]: int(float(m["deadline"])) for m in members if m.get("deadline") is not None
+        },
         failures={m["name"]: int(m["failure"]) for m in members if int(m["failure"]) > 0},
         swap_times=tuple(float(s) for s in _array(raw.get("swap_times"))),
         urgency={m["name"]: int(m["urgent"]) for m in members if m.get("urgent") is not None},

@@ -96,11 +96,13 @@ class PoolStore:
 
     # --- reads --------------------------------------------------------------------
 
-    async def snapshot(self, attempt: str = "") -> PoolSnapshot:
-        """The pool, and (``attempt`` given) whether that attempt waits or holds a lease."""
+    async def snapshot(self, attempt: str = "", *, deadlines: bool = False) -> PoolSnapshot:
+        """The pool, and (``attempt`` given) whether that attempt waits or holds a lease;
+        ``deadlines``: each member's first lease expiry and waiter deadline too."""
         k = self._keys
         spec = {
             "state": k.state,
+            "deadlines": deadlines,
             "members": k.member_specs(),
             "attempt": attempt,
             "attempt_leases": k.attempt_leases,

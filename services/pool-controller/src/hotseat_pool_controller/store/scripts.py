@@ -46,6 +46,17 @@ for i, m in ipairs(spec.members) do
       end
     end
   end
+  if spec.deadlines then
+    -- What a supervisor sleeps on (docs/adr/0011): the earliest live lease's expiry and
+    -- the earliest live waiter's deadline.
+    local first = {'WITHSCORES', 'LIMIT', 0, 1}
+    if entry.leases > 0 then
+      entry.expiry = redis.call('ZRANGEBYSCORE', m.leases, since, '+inf', unpack(first))[2]
+    end
+    if entry.waiters > 0 then
+      entry.deadline = redis.call('ZRANGEBYSCORE', m.waiters, since, '+inf', unpack(first))[2]
+    end
+  end
   if spec.attempt ~= '' then
     local s = redis.call('ZSCORE', m.waiters, spec.attempt)
     if s and tonumber(s) > now then entry.waiting = 1 end
