@@ -52,6 +52,14 @@ class Stir:
         self.due = math.inf
         """The earliest a lease granted or renewed since the supervisor's last read can
         expire (``time.monotonic``): its rest ends no later."""
+        self.copies: frozenset[str] = frozenset()
+        """The pool's members that are copies of model groups (docs/adr/0012): each one's
+        entry says whether it can be loaded here without evicting a busy member, so the
+        first lease and the last release of another member wake the supervisor, whose
+        tick rewrites the entries."""
+        self.serving: bool | None = None
+        """Whether the supervisor's last read found the resident serving (``None``: a
+        tick is reading it)."""
 
     def __call__(self) -> None:
         self.stirs += 1
@@ -59,11 +67,21 @@ class Stir:
             self.resting_until = None
             self._wake.set()
 
-    def lease(self, ttl_s: float) -> None:
-        """A lease was granted or renewed here: it expires in ``ttl_s`` unless renewed."""
+    def lease(self, ttl_s: float, member: str) -> None:
+        """A lease on ``member`` was granted or renewed here: it expires in ``ttl_s``
+        unless renewed."""
         due = time.monotonic() + ttl_s
         self.due = min(self.due, due)
-        if self.resting_until is not None and self.resting_until > due:
+        if self.copies - {member} and self.serving is not True:
+            self.serving = True
+            self()
+        elif self.resting_until is not None and self.resting_until > due:
+            self()
+
+    def released(self, member: str, *, last: bool) -> None:
+        """A lease on ``member`` ended here; ``last``: its last one."""
+        if last and self.copies - {member}:
+            self.serving = False
             self()
 
     def rest(self, until: float | None) -> float | None:
@@ -77,6 +95,7 @@ class Stir:
     def begin(self) -> int:
         """The supervisor reads the pool: leases granted from now on are read, or stirred."""
         self.due = math.inf
+        self.serving = None
         return self.stirs
 
 
@@ -124,7 +143,7 @@ class PoolAnswers:
             request_id=request.request_id,
         )
         if fast is not None:
-            self._stir.lease(self.policy.lease_ttl_ms / 1000)  # once it is in the store
+            self._stir.lease(self.policy.lease_ttl_ms / 1000, request.member)  # in the store
             self._announcer.acquired(self.name, request.member, fast.status)
             return fast
         waiting = False
@@ -136,7 +155,7 @@ class PoolAnswers:
             return decide_acquire(snap, ask, self.policy, self._controller, slots_busy=slots_busy)
 
         decision = await self._transitions.decide(decide, request.attempt)
-        self._stir.lease(self.policy.lease_ttl_ms / 1000)
+        self._stir.lease(self.policy.lease_ttl_ms / 1000, request.member)
         if moves_pool(decision, waiting=waiting):
             self._stir()
         reply = decision.reply or ErrorReply(code=ErrorCode.INTERNAL_ERROR, message="no decision")
@@ -149,6 +168,7 @@ class PoolAnswers:
         released = await self._store.release(member, lease_id, requests, longest_s)
         if released.may_move:
             self._wake.set()
+        self._stir.released(member, last=released.removed and released.last)
         return released.removed
 
     async def renew(self, request: RenewRequest) -> Renewed:
@@ -161,7 +181,7 @@ class PoolAnswers:
             router=request.router,
             longest_s=request.longest_s,
         )
-        self._stir.lease(self.policy.lease_ttl_ms / 1000)  # once it is in the store
+        self._stir.lease(self.policy.lease_ttl_ms / 1000, request.member)  # in the store
         return renewed
 
     async def cancel(self, member: str, attempt: str) -> bool:

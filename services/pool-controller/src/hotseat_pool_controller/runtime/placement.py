@@ -280,6 +280,11 @@ class CopyWriter:
             if any(on for p, on in self._residency.get(store.group, {}).items() if p != pool)
         )
 
+    @property
+    def members(self) -> frozenset[str]:
+        """The pool's members that are copies of a model group."""
+        return frozenset(member for _, member in self._stores)
+
     async def observe(self, pool: str, snap: PoolSnapshot, policy: PoolPolicy) -> None:
         surplus = self.surplus(pool)
         for store, member in self._stores:

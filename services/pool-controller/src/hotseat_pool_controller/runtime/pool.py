@@ -94,6 +94,7 @@ class PoolRuntime:
         pool evicts them first, docs/adr/0012)."""
         self.copies = copies
         self._store.surplus = partial(copies.surplus, self.name)
+        self.stir.copies = copies.members
 
     @property
     def name(self) -> str:
@@ -182,6 +183,8 @@ class PoolRuntime:
         stirs = self.stir.begin()
         snap = await self.tick(reap=reap)
         rest = rest_for_ms(snap, self.policy, self._controller) if snap else None
+        if snap is not None:
+            self.stir.serving = snap.serving(snap.resident)
         if rest is not None and self.stir.stirs == stirs:
             plan.snap = snap
             plan.rest_until = now + min(plan.idle_interval, max(plan.tick_interval, rest / 1000))

@@ -42,6 +42,8 @@ class Released:
     removed: bool
     may_move: bool
     """The release can let the pool move (drain finished, waiters left)."""
+    last: bool = False
+    """No live lease is left on the member."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +247,7 @@ class PoolStore:
         may_move = int(left) == 0 and (
             phase == Phase.DRAINING.value or int(waiters) > 0 or bool(unhealthy)
         )
-        return Released(removed=bool(removed), may_move=may_move)
+        return Released(removed=bool(removed), may_move=may_move, last=int(left) == 0)
 
     async def cancel(self, member: str, attempt: str) -> bool:
         """``attempt`` gives up on ``member``: its waiter there and its lease on it go."""
