@@ -22,6 +22,7 @@ from hotseat_pool_controller.model import (
     AddLease,
     AddWaiter,
     Decision,
+    Phase,
     PoolPolicy,
     PoolSnapshot,
     Reply,
@@ -29,7 +30,7 @@ from hotseat_pool_controller.model import (
 from hotseat_pool_controller.runtime.announcer import Announcer
 from hotseat_pool_controller.runtime.recovery import Recovery
 from hotseat_pool_controller.runtime.transitions import Transitions
-from hotseat_pool_controller.store.pool import PoolStore, Renewed
+from hotseat_pool_controller.store.pool import PoolStore, Renewal, Renewed
 from hotseat_pool_controller.view import pool_view
 
 log = get_logger(__name__)
@@ -146,18 +147,18 @@ class PoolAnswers:
             self._stir.lease(self.policy.lease_ttl_ms / 1000, request.member)  # in the store
             self._announcer.acquired(self.name, request.member, fast.status)
             return fast
-        waiting = False
+        waiting = unknown = False
 
         def decide(snap: PoolSnapshot, slots_busy: SlotsRead) -> Decision:
-            nonlocal waiting
-            waiting = snap.attempt_waiting
+            nonlocal waiting, unknown
+            waiting, unknown = snap.attempt_waiting, snap.phase == Phase.UNKNOWN
             ask = AcquireAsk.of(request, now_ms=snap.now_ms, lease_id=lease_id)
             return decide_acquire(snap, ask, self.policy, self._controller, slots_busy=slots_busy)
 
         decision = await self._transitions.decide(decide, request.attempt)
         self._stir.lease(self.policy.lease_ttl_ms / 1000, request.member)
-        if moves_pool(decision, waiting=waiting):
-            self._stir()
+        if unknown or moves_pool(decision, waiting=waiting):
+            self._stir()  # the store lost the pool: the supervisor rebuilds it now
         reply = decision.reply or ErrorReply(code=ErrorCode.INTERNAL_ERROR, message="no decision")
         self._announcer.acquired(self.name, request.member, reply.status)
         return reply
@@ -181,7 +182,10 @@ class PoolAnswers:
             router=request.router,
             longest_s=request.longest_s,
         )
-        self._stir.lease(self.policy.lease_ttl_ms / 1000, request.member)  # in the store
+        if renewed.outcome is Renewal.UNKNOWN:
+            self._stir()  # the store lost the pool: the supervisor rebuilds it now
+        else:
+            self._stir.lease(self.policy.lease_ttl_ms / 1000, request.member)  # in the store
         return renewed
 
     async def cancel(self, member: str, attempt: str) -> bool:
