@@ -19,13 +19,24 @@ Traces (sim loads: planner 1 s, coder 2 s, small 0.5 s, large 2 s):
   answer 503 at the budget.
 - ``priority``: bursts of requests for two low priority members and one high priority
   member (priority 5, rule level). Target: the high priority p99 hold at most one swap
-  time, and every low priority request completes. A swap a low request started is
+  time, and every low priority request completes. One swap time is what PRODUCT.md
+  calls a swap in flight, from the start of the incumbent's unload to the target ready
+  (a wait for a busy incumbent to drain is not part of it): printed as the mean of
+  ``hotseat_pool_swap_duration_seconds`` per member loaded and the longest audited
+  swap (``swap_started`` to ``swap_completed``). A swap a low request started is
   retargeted to high while it is still unloading (printed as ``retargeted``); a low
   member found resident serves its own requests of the burst first (never cut).
 - ``quiet``: a request now and then, with ``idleUnloadAfter: 3s`` and a default member.
   Target: members are unloaded once idle and the default comes back.
 
     .venv/bin/python bench/scheduler_trace.py [--trace agents,batch,priority,quiet] [--scale 1]
+
+Where each class's holds went: those served by a swap (``x-hotseat-swap-id``) are split,
+by the request's send time, its grant and the audit trail, into the drain (until the
+last request of another member granted before that swap started ended), the swap's
+start after it, the swap, and the wake (the swap's end to the grant); and the requests
+of other members granted after they arrived and before their swap started are counted
+(a closed resident admits none).
 
 A measurement, not a test: counts (swaps, requests) are what noise cannot move; read the
 times with the machine's load beside them.
@@ -52,8 +63,10 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
 
 import fleet as shared  # noqa: E402
+from tests.support.audit_trail import event_time, stream_events, urls_flushed  # noqa: E402
 
 from hotseat.launcher import free_port  # noqa: E402
 
@@ -76,6 +89,15 @@ class Done:
     status: int
     hold_ms: float
     sent: float
+    """Wall clock (Unix seconds), to be read beside the audit trail's times."""
+    swap_id: str | None = None
+    """The swap it was held for (``x-hotseat-swap-id``), if any."""
+    ended: float = 0.0
+    """When its response ended (Unix seconds)."""
+
+    @property
+    def granted(self) -> float:
+        return self.sent + self.hold_ms / 1000
 
 
 @dataclass
@@ -91,6 +113,9 @@ class Run:
     """Mean measured swap (unload to ready) per member loaded, completed swaps only."""
     resident_at_end: str | None = None
     seconds: float = 0.0
+    swap_times: dict[str, tuple[float, float, str]] = field(default_factory=dict)
+    """swap id -> (started, completed, member loaded), Unix seconds, from the audit
+    trail."""
 
 
 class Fleet:
@@ -99,7 +124,7 @@ class Fleet:
     def __init__(self, workdir: Path, infra: shared.Infra) -> None:
         self.workdir, self.infra = workdir, infra
         self.stack: shared.Fleet | None = None
-        self.router_url = self.controller_url = ""
+        self.router_url = self.controller_url = self.prefix = ""
 
     def start(self, members: list[str], pool: dict[str, Any], rules: list[dict[str, Any]]) -> None:
         prefix = "t" + uuid.uuid4().hex[:8]
@@ -129,6 +154,7 @@ class Fleet:
             ],
             "rules": rules,
         }
+        self.prefix = prefix
         self.stack = shared.Fleet(self.workdir, self.infra, config, prefix=prefix, env=FAST)
         self.stack.start_sims()
         controller = self.stack.start_controller()
@@ -176,6 +202,21 @@ class Fleet:
         means = {m: sums[m] / n for m, n in counts.items() if n}
         return dict(reasons), retargets, means
 
+    async def swap_moments(self) -> dict[str, tuple[float, float, str]]:
+        """swap id -> (started, completed, member loaded), Unix seconds, of the swaps that
+        completed
+        (the audit trail, once the controller's and the router's buffers are flushed)."""
+        await urls_flushed([self.controller_url, self.router_url])
+        events = await stream_events(
+            self.infra.nats.url, f"AUDIT_{self.prefix}", f"{self.prefix}.audit.>"
+        )
+        started = {e["swap_id"]: event_time(e) for e in events if e["outcome"] == "swap_started"}
+        return {
+            e["swap_id"]: (started[e["swap_id"]], event_time(e), e["to_member"])
+            for e in events
+            if e["outcome"] == "swap_completed" and e["swap_id"] in started
+        }
+
 
 class Client:
     def __init__(self, url: str, run: Run) -> None:
@@ -184,7 +225,7 @@ class Client:
         self.http = httpx.AsyncClient(timeout=120)
 
     async def request(self, model: str, tokens: int, label: str, **headers: str) -> None:
-        sent = time.monotonic()
+        sent = time.time()
         body = {
             "model": model,
             "messages": [{"role": "user", "content": "go"}],
@@ -194,7 +235,9 @@ class Client:
             f"{self.url}/v1/chat/completions", json=body, headers=headers
         )
         hold = float(response.headers.get("x-hotseat-hold-ms", "nan"))
-        self.run.done.append(Done(model, label, response.status_code, hold, sent))
+        swap_id = response.headers.get("x-hotseat-swap-id")
+        done = Done(model, label, response.status_code, hold, sent, swap_id, time.time())
+        self.run.done.append(done)
 
 
 # --- traces ---------------------------------------------------------------------------
@@ -309,6 +352,7 @@ async def replay(fleet: Fleet, name: str, policy: str, scale: float) -> Run:
         run.swap_reasons, run.retargets, run.swap_s = await fleet.swaps()
         run.swaps = sum(n for r, n in run.swap_reasons.items() if r != "warm_default")
         run.resident_at_end = (await fleet.pool())["resident"]
+        run.swap_times = await fleet.swap_moments()
     finally:
         fleet.stop()
     return run
@@ -338,15 +382,82 @@ def report(run: Run) -> None:
     if run.swap_s:
         means = ", ".join(f"{m} {1000 * s:.0f}" for m, s in sorted(run.swap_s.items()))
         print(f"      mean swap ms (unload to ready, by member loaded): {means}")
-    by_label: dict[str, list[float]] = defaultdict(list)
+    longest: dict[str, float] = defaultdict(float)
+    for started, completed, member in run.swap_times.values():
+        longest[member] = max(longest[member], completed - started)
+    if longest:
+        spans = ", ".join(f"{m} {1000 * s:.0f}" for m, s in sorted(longest.items()))
+        print(f"      longest swap ms (audit swap_started to swap_completed): {spans}")
+    by_label: dict[str, list[Done]] = defaultdict(list)
     for d in ok:
-        by_label[d.label].append(d.hold_ms)
-    for label, holds in sorted(by_label.items()):
+        by_label[d.label].append(d)
+    for label, done in sorted(by_label.items()):
+        holds = [d.hold_ms for d in done]
         mean = statistics.mean(holds)
         print(
             f"      {label:<12} n {len(holds):4d}  hold ms p50 {pct(holds, 50):8.0f}"
             f"  p99 {pct(holds, 99):8.0f}  max {max(holds):8.0f}  mean {mean:8.0f}"
         )
+        report_parts(run, done)
+
+
+@dataclass
+class Parts:
+    """Where one held request's hold went, in seconds, read from its send time, its
+    grant, the swap it was served by (audit ``swap_started``, ``swap_completed``) and the
+    other members' requests:"""
+
+    drain: float
+    """Arrival to the end of the last request of another member granted before its swap
+    started (the resident's requests running, never cut)."""
+    start: float
+    """That end to the swap's start (0 when nothing was running: then its start is all
+    the wait before the swap)."""
+    swap: float
+    """The swap, ``swap_started`` to ``swap_completed`` (unload to ready)."""
+    wake: float
+    """``swap_completed`` to its grant."""
+    admitted: int
+    """Requests of other members granted after it arrived and before its swap started."""
+
+
+def parts(run: Run, d: Done) -> Parts | None:
+    """The parts of ``d``'s hold, when it was held for a swap the audit trail shows."""
+    if d.swap_id is None or d.swap_id not in run.swap_times:
+        return None
+    started, completed, _ = run.swap_times[d.swap_id]
+    before = [o for o in run.done if o.member != d.member and o.granted < started]
+    running = [o.ended for o in before if o.ended > d.sent]
+    drained = min(max(running, default=d.sent), started)
+    admitted = sum(1 for o in before if o.granted > d.sent)
+    return Parts(
+        drain=drained - d.sent,
+        start=started - drained,
+        swap=completed - started,
+        wake=d.granted - completed,
+        admitted=admitted,
+    )
+
+
+def report_parts(run: Run, held: list[Done]) -> None:
+    """The mean parts of ``held`` served by a swap (one label's), and those of the
+    longest."""
+    found = [(d, p) for d in held if (p := parts(run, d)) is not None]
+    if not found:
+        return
+    mean = {
+        name: 1000 * statistics.mean(getattr(p, name) for _, p in found)
+        for name in ("drain", "start", "swap", "wake")
+    }
+    worst_d, worst = max(found, key=lambda dp: dp[0].hold_ms)
+    admitted = sum(p.admitted for _, p in found)
+    print(
+        f"      {'':<12} held for a swap {len(found)}: mean drain {mean['drain']:.0f}"
+        f" + start {mean['start']:.0f} + swap {mean['swap']:.0f} + wake {mean['wake']:.0f} ms;"
+        f" longest {worst_d.hold_ms:.0f} = {1000 * worst.drain:.0f} + {1000 * worst.start:.0f}"
+        f" + {1000 * worst.swap:.0f} + {1000 * worst.wake:.0f};"
+        f" other members' requests admitted while they waited: {admitted}"
+    )
 
 
 async def main_async(args: argparse.Namespace) -> None:
