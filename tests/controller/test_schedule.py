@@ -357,24 +357,45 @@ def test_a_closed_resident_that_drained_is_swapped_for_the_waiter() -> None:
     assert d.swap.target == "coder"
 
 
+def loading_coder(**fields: object) -> PoolSnapshot:
+    """A swap from chat to coder, owned here, loading coder."""
+    return snap(
+        phase=Phase.LOADING, resident="chat", target="coder", from_member="chat", owner=ME, **fields
+    )
+
+
 def test_the_commit_opens_the_new_resident_and_remembers_the_previous() -> None:
     """A commit clears the closed flag, records the member it replaced and the swap's
     time for the member it loaded."""
-    s = snap(
-        phase=Phase.LOADING,
-        resident="chat",
-        target="coder",
-        from_member="chat",
-        owner=ME,
-        started_ms=NOW - 4_000,
-        closed=True,
-    )
+    s = loading_coder(started_ms=NOW - 4_000, closed=True)
     d = decide_commit(s, 7, ME)
     assert d is not None
     assert state_of(d)["closed"] == ""
     assert state_of(d)["previous"] == "chat"
     (timed,) = [op for op in d.ops if isinstance(op, RecordSwapTime)]
     assert (timed.member, timed.seconds) == ("coder", 4.0)
+
+
+def test_a_commit_closes_the_new_resident_for_a_waiter_that_ranks_ahead_of_its_own() -> None:
+    """coder loaded for its waiter (priority 0); a chat request of priority 5 came during
+    the load: the commit itself closes coder for chat (draining toward it, the close's
+    moment kept), so coder's waiter, waking at the commit, is held, not granted. A chat
+    waiter that ranks behind coder's leaves the commit open, as before."""
+    policy = replace(FAIR, min_residency_ms=0)
+    loading = loading_coder(
+        started_ms=NOW - 2_000,
+        waiters={"coder": 1, "chat": 1},
+        urgency={"coder": NOW - 2_100, "chat": NOW - 500 - 5 * policy.priority_aging_ms},
+    )
+    d = decide_commit(loading, 7, ME, policy)
+    assert d is not None
+    state = state_of(d)
+    assert (state["resident"], state["phase"], state["target"]) == ("coder", "draining", "chat")
+    assert (state["closed"], state["closedat"]) == ("1", str(NOW))
+    behind = replace(loading, urgency={"coder": NOW - 2_100, "chat": NOW - 500})
+    opened = decide_commit(behind, 7, ME, policy)
+    assert opened is not None
+    assert (state_of(opened)["phase"], state_of(opened)["closed"]) == ("idle", "")
 
 
 def test_a_swap_back_soon_after_a_swap_is_named_so() -> None:
@@ -512,24 +533,50 @@ def test_a_swap_in_flight_is_expected_to_take_its_targets_own_measured_time() ->
     assert pool_view(POLICY, snap(resident="coder", **measured)).swap_expected_s == 1.7
 
 
-def test_a_new_resident_serves_the_requests_it_came_for_before_it_closes() -> None:
-    """Just swapped in for its waiters, a resident is not closed while they re-ask, even
-    if another member's waiter already waited maxWait: else every swap would be undone
-    before anyone was served (found by the state machine with a 1 ms maxWait)."""
-    policy = replace(FAIR, min_residency_ms=0)
-    s = busy_resident(
-        waited_ms=60_000,
+def just_loaded(waited_ms: int, **fields: object) -> PoolSnapshot:
+    """chat resident for 10 ms, idle, its two waiters re-asking; one coder waiter."""
+    return busy_resident(
+        waited_ms=waited_ms,
         resident_for_ms=10,
         phase=Phase.IDLE,
         target=None,
         leases={},
         waiters={"coder": 1, "chat": 2},
-        urgency={"coder": NOW - 60_000, "chat": NOW - 70_000},
+        **fields,
     )
+
+
+def test_a_new_resident_serves_the_requests_it_came_for_before_it_closes() -> None:
+    """Just swapped in for its waiters, a resident is not closed while they re-ask, even
+    if another member's waiter already waited maxWait: else every swap would be undone
+    before anyone was served (found by the state machine with a 1 ms maxWait)."""
+    policy = replace(FAIR, min_residency_ms=0)
+    s = just_loaded(60_000, urgency={"coder": NOW - 60_000, "chat": NOW - 70_000})
     d = decide_acquire(s, ask("chat"), policy, ME)
     assert isinstance(d.reply, Granted)
     later = replace(s, committed_ms=NOW - policy.waiter_grace_ms)
     assert isinstance(decide_acquire(later, ask("chat"), policy, ME).reply, WaitReply)
+
+
+def test_a_more_urgent_waiter_closes_a_new_resident_before_its_own_waiters() -> None:
+    """chat was just loaded for its two waiters (priority 0); a coder request of priority
+    5 came during the load, so it ranks ahead of them: chat closes at once, and chat's
+    waiters re-asking are held for the swap back instead of granted (only what already
+    runs drains). A coder waiter that ranks behind chat's (it came later, same priority)
+    does not: chat serves its waiters first, as before."""
+    policy = replace(FAIR, min_residency_ms=0)
+    base = just_loaded(0, member_drain_times={"chat": (6.0,)})
+    urgent = replace(
+        base, urgency={"coder": NOW - 300 - 5 * policy.priority_aging_ms, "chat": NOW - 2_000}
+    )
+    d = decide_acquire(urgent, ask("chat"), policy, ME)
+    assert isinstance(d.reply, WaitReply)
+    assert d.reply.reason == WaitReason.CLOSED
+    assert state_of(d)["closed"] == "1"
+    assert state_of(decide_tick(urgent, policy, ME))["closed"] == "1"
+    behind = replace(base, urgency={"coder": NOW - 300, "chat": NOW - 2_000})
+    assert isinstance(decide_acquire(behind, ask("chat"), policy, ME).reply, Granted)
+    assert "closed" not in state_of(decide_tick(behind, policy, ME))
 
 
 def test_another_members_swap_times_never_refuse_a_request() -> None:

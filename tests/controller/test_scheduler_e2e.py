@@ -419,6 +419,40 @@ async def test_a_higher_priority_waiter_closes_a_new_resident_at_once(make_stack
     await stack.assert_invariants()
 
 
+async def test_a_higher_priority_waiter_that_came_during_a_load_goes_before_its_requests(
+    make_stack: Make,
+) -> None:
+    """A swap for coder (priority 0) is loading (the test holds the sim's load) when
+    small's priority 5 request arrives: a load that began finishes, but once coder is
+    resident it closes at once (maxWait 2s, minResidency 0s) and admits not even the
+    request it was loaded for: small is swapped in and served first, and coder's request,
+    held, is served by the swap back, not by the first coder swap."""
+    stack = started(make_stack(three_members({"maxWait": "2s", "minResidency": "0s"})))
+    url = stack.routers[0].url
+    await stack.wait_resident("judge")
+    await stack.hold_sim("coder", "loading")
+    low = asyncio.create_task(chat(url, "coder"))
+
+    async def loading_coder() -> dict[str, str] | None:
+        state = await stack.state_hash()
+        return state if (state.get("phase"), state.get("target")) == ("loading", "coder") else None
+
+    first = await eventually(loading_coder)
+    high = asyncio.create_task(chat(url, "small", **{"x-hotseat-priority": "5"}))
+    await eventually(lambda: _queued(stack, "small"))
+    await stack.hold_sim("coder")  # coder's load ends
+    served_high, served_low = await high, await low
+    assert served_high.status_code == 200, served_high.text
+    assert served_high.headers["x-hotseat-backend"] == "small"
+    assert served_low.status_code == 200, served_low.text
+    assert served_low.headers["x-hotseat-backend"] == "coder"
+    assert served_low.headers["x-hotseat-swap-id"] != first["swap"]
+    events = [e for e in await stack.settled_audit() if e["kind"] == "pool"]
+    completed = [e["to_member"] for e in events if e["outcome"] == "swap_completed"]
+    assert completed[-3:] == ["coder", "small", "coder"], completed
+    await stack.assert_invariants()
+
+
 async def _unloading_for(stack: Stack, target: str) -> dict[str, str] | None:
     state = await stack.state_hash()
     return state if (state.get("phase"), state.get("target")) == ("unloading", target) else None

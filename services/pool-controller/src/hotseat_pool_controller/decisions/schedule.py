@@ -69,6 +69,13 @@ def most_urgent(
     return order[0] if order else None
 
 
+def ranks_ahead(snap: PoolSnapshot, member: str, other: str) -> bool:
+    """``member``'s most urgent waiter ranks strictly ahead of ``other``'s (an earlier
+    virtual arrival): it came with a higher priority than ``other``'s demand, or was in
+    line first."""
+    return snap.urgency.get(member, snap.now_ms) < snap.urgency.get(other, snap.now_ms)
+
+
 def retarget_for(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
     """The member a one-resident pool's swap, still unloading, loads instead of its
     target: the most urgent waiting member, when its most urgent waiter ranks strictly
@@ -82,11 +89,10 @@ def retarget_for(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
         return None
     if snap.live_waiters(target) == 0:
         return None
-    own = snap.urgency.get(target, snap.now_ms)
     for member in ranked(snap, excluding=target):
         if snap.failures.get(member, 0) > 0:
             continue
-        return member if snap.urgency.get(member, snap.now_ms) < own else None
+        return member if ranks_ahead(snap, member, target) else None
     return None
 
 
@@ -133,7 +139,8 @@ def closing_for(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
     ``maxWait`` plus the drain; nothing is cut, and a drain longer than expected only
     ends later), the resident has been resident ``minResidency`` (unless that waiter was
     in line before its commit: :func:`waiting_since_before`) and the requests it came in
-    for have been served; ``None`` when nothing closes (or it is closed already)."""
+    for have been served (unless that waiter ranks ahead of them: :func:`ranks_ahead`);
+    ``None`` when nothing closes (or it is closed already)."""
     if policy.max_wait_ms is None or snap.closed or snap.phase not in SERVING:
         return None
     member = most_urgent(snap, excluding=snap.resident)
@@ -146,9 +153,15 @@ def closing_for(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
         snap, member, snap.committed_ms
     ):
         return None
-    if snap.live_waiters(snap.resident) > 0 and just_committed(snap, policy):
+    if (
+        snap.live_waiters(snap.resident) > 0
+        and just_committed(snap, policy)
+        and not ranks_ahead(snap, member, snap.resident)
+    ):
         # The requests it was swapped in for are re-asking right now: serve them first,
         # or a pool whose waiters all waited maxWait would swap for ever, serving no one.
+        # Unless a more urgent waiter (a higher priority that came during the load) is
+        # in line: then not one of them is admitted, and it goes first.
         return None
     return member
 

@@ -4,6 +4,8 @@ swap whose demand left before it), commit the target, or fail. Each step answers
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hotseat_common.messages import PoolOutcome, RetargetReason
 from hotseat_pool_controller.decisions.capacity import (
     commit_ops,
@@ -13,7 +15,7 @@ from hotseat_pool_controller.decisions.capacity import (
     target_loaded_ops,
     unloaded_targets,
 )
-from hotseat_pool_controller.decisions.schedule import retarget_for
+from hotseat_pool_controller.decisions.schedule import closing_for, retarget_for
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
     NOTHING,
@@ -232,18 +234,21 @@ def decide_commit(
                 ),
             ),
         )
+    closing = _closes_at_commit(snap, policy)
     return Decision(
         ops=(
             set_state(
-                phase=Phase.IDLE,
+                phase=Phase.DRAINING if closing else Phase.IDLE,
                 resident=snap.target,
-                target=None,
+                target=closing,
                 from_member=None,
                 owner=None,
                 forced=False,
                 unhealthy=False,
                 committed_ms=snap.now_ms,
-                closed=False,
+                closed=closing is not None,
+                closed_ms=snap.now_ms if closing else KEEP,
+                cause=None if closing else KEEP,
                 previous=snap.from_member,
             ),
             RecordSwapTime(seconds, member=snap.target),
@@ -255,6 +260,26 @@ def decide_commit(
             ),
         ),
     )
+
+
+def _closes_at_commit(snap: PoolSnapshot, policy: PoolPolicy | None) -> str | None:
+    """The member a one-resident pool's new resident is closed for as it commits: one
+    whose waiter came during the load and ranks ahead of the requests it was loaded for
+    (docs/adr/0006). Closed in the commit itself, so not one of those requests is granted
+    first (they wake at the commit and would take the one-round-trip grant); ``None``:
+    it opens as usual."""
+    if policy is None or snap.target is None:
+        return None
+    after = replace(
+        snap,
+        phase=Phase.IDLE,
+        resident=snap.target,
+        target=None,
+        committed_ms=snap.now_ms,
+        closed=False,
+        previous=snap.from_member,
+    )
+    return closing_for(after, policy)
 
 
 def decide_target_loaded(
