@@ -31,12 +31,15 @@ Traces (sim loads: planner 1 s, coder 2 s, small 0.5 s, large 2 s):
 
     .venv/bin/python bench/scheduler_trace.py [--trace agents,batch,priority,quiet] [--scale 1]
 
-Where each class's holds went: those served by a swap (``x-hotseat-swap-id``) are split,
-by the request's send time, its grant and the audit trail, into the drain (until the
-last request of another member granted before that swap started ended), the swap's
-start after it, the swap, and the wake (the swap's end to the grant); and the requests
-of other members granted after they arrived and before their swap started are counted
-(a closed resident admits none).
+Where each class's holds went: those whose ``x-hotseat-swap-id`` names a completed swap
+that loaded their member are split, by the request's send time, its grant and the audit
+trail, into the drain (until the last request of another member granted before that
+swap started ended), the swap's start after it, the swap, and the wake (the swap's end
+to the grant); and the requests of other members granted after they arrived and before
+their swap started are counted (a closed resident admits none). A request that arrived
+during its swap counts the swap from its arrival; one whose header names another
+member's swap (in its way) is only counted. The moments come from three processes
+(client, router, controller) on one clock: a part may read a few tens of ms off.
 
 A measurement, not a test: counts (swaps, requests) are what noise cannot move; read the
 times with the machine's load beside them.
@@ -414,7 +417,7 @@ class Parts:
     """That end to the swap's start (0 when nothing was running: then its start is all
     the wait before the swap)."""
     swap: float
-    """The swap, ``swap_started`` to ``swap_completed`` (unload to ready)."""
+    """The swap, ``swap_started`` (or its arrival, if later) to ``swap_completed``."""
     wake: float
     """``swap_completed`` to its grant."""
     admitted: int
@@ -422,18 +425,22 @@ class Parts:
 
 
 def parts(run: Run, d: Done) -> Parts | None:
-    """The parts of ``d``'s hold, when it was held for a swap the audit trail shows."""
+    """The parts of ``d``'s hold, when it was held for a swap that loaded its member (the
+    audit trail shows it); a swap that began before it arrived counts from its arrival."""
     if d.swap_id is None or d.swap_id not in run.swap_times:
         return None
-    started, completed, _ = run.swap_times[d.swap_id]
-    before = [o for o in run.done if o.member != d.member and o.granted < started]
+    started, completed, member = run.swap_times[d.swap_id]
+    if member != d.member:
+        return None  # the header names a swap to another member that was in its way
+    began = max(started, d.sent)
+    before = [o for o in run.done if o.member != d.member and o.granted < began]
     running = [o.ended for o in before if o.ended > d.sent]
-    drained = min(max(running, default=d.sent), started)
+    drained = min(max(running, default=d.sent), began)
     admitted = sum(1 for o in before if o.granted > d.sent)
     return Parts(
         drain=drained - d.sent,
-        start=started - drained,
-        swap=completed - started,
+        start=began - drained,
+        swap=completed - began,
         wake=d.granted - completed,
         admitted=admitted,
     )
@@ -445,6 +452,7 @@ def report_parts(run: Run, held: list[Done]) -> None:
     found = [(d, p) for d in held if (p := parts(run, d)) is not None]
     if not found:
         return
+    across = sum(1 for d in held if d.swap_id is not None) - len(found)
     mean = {
         name: 1000 * statistics.mean(getattr(p, name) for _, p in found)
         for name in ("drain", "start", "swap", "wake")
@@ -456,7 +464,8 @@ def report_parts(run: Run, held: list[Done]) -> None:
         f" + start {mean['start']:.0f} + swap {mean['swap']:.0f} + wake {mean['wake']:.0f} ms;"
         f" longest {worst_d.hold_ms:.0f} = {1000 * worst.drain:.0f} + {1000 * worst.start:.0f}"
         f" + {1000 * worst.swap:.0f} + {1000 * worst.wake:.0f};"
-        f" other members' requests admitted while they waited: {admitted}"
+        f" other members' requests admitted while they waited: {admitted};"
+        f" held across another member's swap only: {across}"
     )
 
 
