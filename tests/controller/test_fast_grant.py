@@ -115,7 +115,7 @@ async def test_fast_grant_matches_decide_acquire(
                     store.keys.pool_leases("gpu", str(state["resident"]) or "a"), {f"x{i}": 2**50}
                 )
             if state["failed"]:
-                await client.set(store.keys.pool_failure("gpu", member), "boom", px=60_000)
+                await client.hset(store.keys.pool_state("gpu"), f"failed.{member}", 2**50)
             if state["held"]:
                 granted_before = await store.grant_if_resident(member, "old", "req", "r")
                 if granted_before is None:

@@ -62,10 +62,6 @@ class Keys:
         """LIST of recent swap durations (seconds), newest first."""
         return f"{self._pool(pool)}:swap-times"
 
-    def pool_failure(self, pool: str, member: str) -> str:
-        """STRING with TTL: why the last swap to ``member`` failed (fast-fail backoff)."""
-        return f"{self._pool(pool)}:failure:{member}"
-
     def _group(self, group: str) -> str:
         return f"{self.prefix}:group:{{{group}}}"
 

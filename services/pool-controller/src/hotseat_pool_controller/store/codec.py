@@ -38,9 +38,12 @@ The ``state`` hash, per pool (docs/adr/0001 has the meaning of each field):
                the release script writes both, no ``version`` move)
     closing    a capacity pool's residents closed to new leases (another member waited
                ``maxWait``; its plan evicts them once they drain), comma-separated
+    failed.<m> until then (ms) member ``m`` sits out its swap-failure backoff (no
+               ``version`` move; a lapsed one stays until the next failure)
 
-All times are on Redis's clock. A lease's record in ``lease-meta`` is the JSON object
-``{member, attempt, request_id, router, epoch}`` (``adopted`` when a renewal wrote it back).
+All times are on the store's clock (Redis ``TIME``: :data:`.scripts.NOW`). A lease's
+record in ``lease-meta`` is the JSON object ``{member, attempt, request_id, router,
+epoch}`` (``adopted`` when a renewal wrote it back).
 """
 
 from __future__ import annotations
@@ -158,6 +161,17 @@ USED_PREFIX = "used."
 LOADED_PREFIX = "loaded."
 DEMAND_PREFIX = "demand."
 DEMAND_AT_PREFIX = "demandat."
+FAILED_PREFIX = "failed."
+
+
+def _backoffs(state: Mapping[str, str], now_ms: int) -> dict[str, int]:
+    """member -> milliseconds left of its swap-failure backoff (running ones only)."""
+    left = {
+        name.removeprefix(FAILED_PREFIX): int(deadline or 0) - now_ms
+        for name, deadline in state.items()
+        if name.startswith(FAILED_PREFIX)
+    }
+    return {m: ms for m, ms in left.items() if ms > 0}
 
 
 def _members(text: str | None) -> tuple[str, ...]:
@@ -252,7 +266,7 @@ def decode_snapshot(raw: Mapping[str, Any]) -> PoolSnapshot:
         waiter_deadline={
             m["name"]: int(float(m["deadline"])) for m in members if m.get("deadline") is not None
         },
-        failures={m["name"]: int(m["failure"]) for m in members if int(m["failure"]) > 0},
+        failures=_backoffs(state, int(raw["now"])),
         swap_times=tuple(float(s) for s in _array(raw.get("swap_times"))),
         urgency={m["name"]: int(m["urgent"]) for m in members if m.get("urgent") is not None},
         member_swap_times={
@@ -317,7 +331,6 @@ class MemberKeys:
     name: str
     leases: str
     waiters: str
-    failure: str
     urgency: str
     swap_times: str
     drain_times: str
@@ -338,7 +351,6 @@ class PoolKeys:
                 m,
                 keys.pool_leases(pool, m),
                 keys.pool_waiters(pool, m),
-                keys.pool_failure(pool, m),
                 keys.pool_waiter_urgency(pool, m),
                 keys.pool_member_swap_times(pool, m),
                 keys.pool_member_drain_times(pool, m),
@@ -348,7 +360,7 @@ class PoolKeys:
         }
         self.all = [self.state, self.lease_meta, self.attempt_leases, self.swap_times]
         for m in self.members.values():
-            self.all += [m.leases, m.waiters, m.failure, m.urgency, m.swap_times]
+            self.all += [m.leases, m.waiters, m.urgency, m.swap_times]
             self.all += [m.drain_times, m.request_times]
 
     def member_specs(self) -> list[dict[str, str]]:
@@ -358,7 +370,6 @@ class PoolKeys:
                 "name": m.name,
                 "leases": m.leases,
                 "waiters": m.waiters,
-                "failure": m.failure,
                 "urgency": m.urgency,
                 "swap_times": m.swap_times,
                 "drain_times": m.drain_times,
@@ -407,8 +418,7 @@ def encode_op(op: Op, keys: PoolKeys) -> dict[str, Any]:  # noqa: PLR0911 - one 
             m = keys.members[op.member]
             return _op("unwait_all", m.waiters, urgency_key=m.urgency)
         case SetFailure():
-            failure = keys.members[op.member].failure
-            return _op("setpx", failure, value=op.reason, px=op.ttl_ms)
+            return _op("backoff", keys.state, field=f"{FAILED_PREFIX}{op.member}", ms=op.ttl_ms)
         case RecordSwapTime() | RecordDrainTime():
             lists = _duration_lists(op, keys)
             return _op("swap_time", lists[0], keys=lists, value=f"{op.seconds:.3f}",

@@ -17,11 +17,7 @@ import orjson
 from hotseat_common.keys import Keys
 from hotseat_pool_controller.decisions.placement import CopyState, GroupSnapshot
 from hotseat_pool_controller.store.link import LuaScript, RedisLink
-
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
+from hotseat_pool_controller.store.scripts import NOW as _NOW
 
 _COUNT = """
 -- KEYS[1]: a ZSET of '<pool> <id>' entries; its expired entries go, the live ones are
@@ -75,7 +71,7 @@ TAKE = LuaScript(
     + """
 local room = ARGV[3] == '1'
 local best, k1, k2 = false, 0, 0
-for i = 5, #ARGV, 2 do
+for i = 5, #ARGV - 1, 2 do  -- the last argument is the clock
   local p, s = ARGV[i], tonumber(ARGV[i + 1])
   local n = count[p] or 0
   if p == ARGV[4] and n < s then best = p; break end
@@ -102,7 +98,7 @@ JOIN = LuaScript(
     + _COUNT
     + """
 local best, least = false, 0
-for i = 3, #ARGV, 2 do
+for i = 3, #ARGV - 1, 2 do  -- the last argument is the clock
   local p, s = ARGV[i], tonumber(ARGV[i + 1])
   local n = count[p] or 0
   if n < s and (not best or n < least) then best, least = p, n end

@@ -32,6 +32,10 @@ any other command): a script called with ``identified=True`` gets it as its last
 argument, read at the moment the command leaves, so a script can tell that the server it
 runs on is not the one that wrote the state it finds (a restart or a failover, which may
 have lost writes; docs/adr/0005).
+
+Every script call ends with the store's clock (scripts.NOW): empty in service, so each
+script reads Redis ``TIME`` (one clock for every replica, no round trip); a link given a
+``clock`` (a test's virtual milliseconds) sends its time instead.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import dataclasses
 import hashlib
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -184,6 +188,7 @@ class RedisLink:
         timeout: float = DEFAULT_TIMEOUT_S,
         retries: int = 0,
         name: str | None = None,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         self._endpoint = _Endpoint.from_settings(settings)
         self._sentinel = _sentinel(settings, timeout)
@@ -191,21 +196,26 @@ class RedisLink:
         self._timeout = timeout
         self._retries = retries
         self._name = name
+        self._clock = clock
         self._conn: _Connection | None = None
         self._opening: asyncio.Task[_Connection] | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._closed = False
 
-    async def execute(self, *args: Arg, identified: bool = False) -> Any:
+    async def execute(self, *args: Arg, identified: bool = False, timed: bool = False) -> Any:
         """Send one command and return its reply (strings decoded as UTF-8); ``identified``
-        appends the ``run_id`` of the server the command is sent to."""
+        appends the ``run_id`` of the server the command is sent to, then ``timed`` the
+        store's clock ("" for Redis ``TIME``)."""
         attempt = 0
         while True:
             conn = self._conn
             if conn is None or conn.closed:
                 conn = await self._open()
+            sent = (*args, conn.server_id) if identified else args
+            if timed:
+                sent = (*sent, "" if self._clock is None else self._clock())
             try:
-                return await conn.send((*args, conn.server_id) if identified else args)
+                return await conn.send(sent)
             except RedisConnectionError:
                 attempt += 1
                 if attempt > self._retries:
@@ -224,16 +234,17 @@ class RedisLink:
         *,
         identified: bool = False,
     ) -> Any:
-        """Run a script by digest; by source when the server does not know it."""
+        """Run a script by digest; by source when the server does not know it. Its last
+        argument is the store's clock (scripts.NOW)."""
         try:
             return await self.execute(
-                "EVALSHA", script.sha, len(keys), *keys, *args, identified=identified
+                "EVALSHA", script.sha, len(keys), *keys, *args, identified=identified, timed=True
             )
         except ResponseError as exc:
             if not str(exc).startswith("NOSCRIPT"):
                 raise
         return await self.execute(
-            "EVAL", script.source, len(keys), *keys, *args, identified=identified
+            "EVAL", script.source, len(keys), *keys, *args, identified=identified, timed=True
         )
 
     async def aclose(self) -> None:

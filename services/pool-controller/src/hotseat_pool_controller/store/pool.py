@@ -166,7 +166,6 @@ class PoolStore:
                 k.lease_meta,
                 k.attempt_leases,
                 m.waiters,
-                m.failure,
                 m.urgency,
             ],
             args=[member, lease_id, self.policy.lease_ttl_ms, attempt, router, request_id],

@@ -1,5 +1,6 @@
 """Lua scripts the store runs in Redis. Key names are passed in from :mod:`hotseat_common.keys`;
-all times come from Redis ``TIME`` so every replica shares one clock.
+all times come from the store's clock (:data:`NOW`): Redis ``TIME``, so every replica
+shares one clock.
 
 Scripts that read or write the pool state are called ``identified``: their last argument is
 the ``run_id`` of the server they run on, and the state hash records the ``store`` it was
@@ -9,11 +10,24 @@ lag) is *stale*: the snapshot reports it as unknown and nothing but a rebuild ma
 
 from __future__ import annotations
 
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+NOW = """
+-- The store's clock, in ms: Redis TIME, unless the call's last argument is a time (the
+-- link's clock, a test's virtual one; in service that argument is empty).
+local now = tonumber(ARGV[#ARGV])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+"""Where every script's ``now`` comes from, defined once: the last argument of every
+script call is the link's clock (:meth:`RedisLink.script`), empty in service."""
+
+_NOW = (
+    NOW
+    + """
 local since = '(' .. now
 """
+)
 
 SNAPSHOT = (
     _NOW
@@ -29,7 +43,6 @@ for i, m in ipairs(spec.members) do
     name = m.name,
     leases = redis.call('ZCOUNT', m.leases, since, '+inf'),
     waiters = redis.call('ZCOUNT', m.waiters, since, '+inf'),
-    failure = redis.call('PTTL', m.failure),
     waiting = 0,
     swap_times = redis.call('LRANGE', m.swap_times, 0, 9),
     drain_times = redis.call('LRANGE', m.drain_times, 0, 9),
@@ -134,8 +147,9 @@ for _, op in ipairs(spec.ops) do
     redis.call('ZREM', op.urgency_key, op.member)
   elseif op.op == 'unwait_all' then
     redis.call('DEL', op.key, op.urgency_key)
-  elseif op.op == 'setpx' then
-    if op.px > 0 then redis.call('SET', op.key, op.value, 'PX', op.px) end
+  elseif op.op == 'backoff' then
+    -- A failed swap's backoff: a deadline on the store's clock, judged against it.
+    if op.ms > 0 then redis.call('HSET', state, op.field, now + op.ms) end
   elseif op.op == 'swap_time' then
     -- A list of recent durations (swaps, drains), newest first.
     for _, k in ipairs(op.keys) do
@@ -317,7 +331,7 @@ GRANT_FAST = (
 -- Exactly the grant branch of decisions.acquire; anything else answers 0 and the
 -- caller takes the general path (snapshot, pure decision, compare-and-apply).
 local st = redis.call('HMGET', KEYS[1], 'phase', 'resident', 'epoch', 'unhealthy', 'store',
-                      'closed', 'residents', 'unwell', 'closing')
+                      'closed', 'residents', 'unwell', 'closing', 'failed.' .. ARGV[1])
 -- A capacity pool (docs/adr/0008): a member of the residency set (and not unwell, nor
 -- closed by maxWait) is granted in every phase (a plan loading another member takes
 -- nothing from it; the members a plan evicts left the set when it started).
@@ -334,7 +348,7 @@ elseif st[1] == 'unknown' or not st[1] then
 end
 if ARGV[7] ~= '' and (st[5] or '') ~= ARGV[7] then return {0} end
 if redis.call('HGET', KEYS[4], ARGV[4]) then return {0} end
-if redis.call('EXISTS', KEYS[6]) == 1 then return {0} end
+if (tonumber(st[10] or '') or 0) > now then return {0} end  -- its failure backoff runs
 -- ARGV: member, lease id, ttl ms, attempt, router, client request id
 local meta = cjson.encode({member = ARGV[1], attempt = ARGV[4], request_id = ARGV[6],
                            router = ARGV[5], epoch = st[3]})
@@ -342,7 +356,7 @@ redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[2])
 redis.call('HSET', KEYS[3], ARGV[2], meta)
 redis.call('HSET', KEYS[4], ARGV[4], ARGV[2])
 redis.call('ZREM', KEYS[5], ARGV[4])
-redis.call('ZREM', KEYS[7], ARGV[4])
+redis.call('ZREM', KEYS[6], ARGV[4])
 return {1, st[3]}
 """
 )
