@@ -1,18 +1,29 @@
 """Property test of the controller's transitions through the real Redis store.
 
 A hypothesis state machine drives acquires (Wait and IfIdle, client request ids that
-collide on purpose), re-asks, renewals, releases, cancels, lease expiries, supervisor
-ticks, swap steps, swap failures, admin swaps and unloads, a one-round-trip grant on the
-resident landing between another decision's snapshot and its write (what the write's
-zero-lease precondition exists for), and the faults a fleet meets:
+collide on purpose), re-asks, renewals, releases, cancels, routers that die (their
+leases lapse), time passing, supervisor ticks, swap steps, swap failures, admin swaps
+and unloads, a one-round-trip grant on the resident landing between another decision's
+snapshot and its write (what the write's zero-lease precondition exists for), and the
+faults a fleet meets:
 controller deaths, swap owners frozen and thawed after a takeover, the store flushed
 (Redis restarted empty) and relearning, residents that stall or die while they serve.
 Swaps run in the real :class:`SwapRunner`, each in its own task, against a residency
 driver whose every load and unload waits at a gate until the machine opens it (or makes
 it fail), so the machine picks every interleaving of runner steps, takeovers and stale
 owners that thaw; the commands act on a simulated GPU that refuses commands of an older
-epoch, as every driver's backend fence does (docs/drivers.md). No wall clock decides
-anything: heartbeats and deadlines are an hour, and lapse only when a rule says so.
+epoch, as every driver's backend fence does (docs/drivers.md).
+
+Clocks are short and real, and virtual: the store's scripts read the machine's
+milliseconds (a link given ``clock``), and the runners' timers (heartbeats, the swap's
+timeout) run on an event loop whose clock is the same (tests/support/virtual_clock.py).
+Only the ``time_passes`` rule moves it, by varied amounts, a tenth of a second at a
+time: at each step the timers due run, the routers still alive renew their leases (every
+third of the lease TTL), and requests whose hold budget ran out leave (their router
+answers them; the cancel is lost, so the store must let the waiter go by its deadline).
+So leases of dead routers expire and are reaped, waiters time out, backoffs lapse, dead
+owners' heartbeats lapse, swaps time out and ``maxWait`` closes a busy resident inside a
+run, the same at every replay.
 
 Invariants:
 
@@ -28,8 +39,14 @@ Invariants:
   one the GPU holds (both ways);
 - a renewal of a lease a router holds is refused only after its member was confirmed
   gone (revoked);
-- the live leases the store counts are the routers' (once relearned);
-- the waiters never exceed the cap;
+- the live leases the store counts are the routers' (once relearned), those of dead
+  routers until their expiry; **an expired lease is reaped** by the first reap after its
+  expiry, and no live one is;
+- the waiters never exceed the cap, and **no waiter is held past its budget**: the store
+  counts no waiter whose router's hold budget ran out;
+- a failed swap's member is refused (``swap_failed``) only while its backoff runs;
+- with ``maxWait``, **a busy resident is closed by the first tick once another member's
+  waiter has waited ``maxWait``** (and the resident stayed ``minResidency``);
 - at the end every waiting request is answered: granted, skipped (IfIdle), or refused
   with an error the contract allows for what happened (a failed swap; a full queue, only
   when the decision saw the queue at its cap).
@@ -40,9 +57,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import pytest
 import redis.asyncio as aioredis
@@ -70,6 +89,7 @@ from hotseat_pool_controller.decisions.recovery import (
     decide_resident_health,
     decide_resident_lost,
 )
+from hotseat_pool_controller.decisions.schedule import eta_s
 from hotseat_pool_controller.decisions.start import next_epoch
 from hotseat_pool_controller.decisions.tick import decide_tick
 from hotseat_pool_controller.drivers.base import DriverError, Fenced
@@ -86,6 +106,7 @@ from hotseat_pool_controller.runtime.outcomes import Outcomes
 from hotseat_pool_controller.runtime.swaps import SwapRunner
 from hotseat_pool_controller.store.link import RedisLink
 from hotseat_pool_controller.store.pool import PoolStore, Renewal
+from tests.support.virtual_clock import VirtualClock, VirtualLoop, until_parked
 
 pytestmark = pytest.mark.timeout(600)
 """Hundreds of generated runs, each through real Redis and real swap runners: on a loaded
@@ -99,17 +120,29 @@ POLICY = PoolPolicy(
     name="gpu",
     members=MEMBERS,
     max_waiters=4,
-    lease_ttl_ms=60_000,
-    swap_timeout_ms=600_000,
-    failure_backoff_ms=3_600_000,
+    lease_ttl_ms=3000,
+    swap_timeout_ms=10_000,
+    failure_backoff_ms=5000,
     busy_signal=BusySignal.LEASES,
     default="a",
-    # Wall-clock effects are made explicit rules (controller_dies, relearn_window_ends),
-    # never left to timing:
-    heartbeat_ttl_ms=3_600_000,
-    waiter_grace_ms=3_600_000,
+    heartbeat_ttl_ms=3000,
+    waiter_grace_ms=2000,
 )
-RELEARN_MS = 3_600_000
+"""Short clocks, as a pool in service may have them (all on the machine's virtual time)."""
+RELEARN_MS = POLICY.lease_ttl_ms
+"""A rebuilt resident counts as busy for one lease TTL (as the controller's recovery)."""
+HOLD_MS = 12_000
+"""A router's hold budget for a Wait request (it sends what is left of it at each ask)."""
+RENEW_EVERY_MS = POLICY.lease_ttl_ms // 3
+TIME_STEP_MS = 100
+"""Virtual time passes by this much at a time: timers, renewals and budgets are checked
+at every step."""
+PASSES_MS = (200, 700, 1500, 3500, 9000)
+"""How much time the ``time_passes`` rule lets pass: below and above every TTL."""
+RESTART_MS = 1000
+"""How long Redis takes to restart (empty)."""
+HEARTBEAT_LAPSES_MS = POLICY.heartbeat_ttl_ms + TIME_STEP_MS
+"""Time enough for a silent owner's heartbeat to lapse (it lives up to its expiry)."""
 STORE_TIMEOUT_S = 600.0
 ALLOWED_ERRORS = frozenset({"swap_failed", "pool_queue_full"})
 """Error answers the contract allows a waiting request: its swap failed, or the queue
@@ -281,22 +314,6 @@ class GatedDriver:
         return None
 
 
-def _held_at(task: asyncio.Future[object], gates: set[int]) -> bool:
-    """True when ``task`` waits on a driver gate, itself or through a gather whose every
-    unfinished child does. (CPython's task records what it awaits in ``_fut_waiter``;
-    a runner between two store calls waits on a socket instead, and is not held.)"""
-    waiting = getattr(task, "_fut_waiter", None)
-    if waiting is None:
-        return False
-    if id(waiting) in gates:
-        return True
-    children = getattr(waiting, "_children", None)
-    if children is None:
-        return False
-    unfinished = [c for c in children if not c.done()]
-    return bool(unfinished) and all(_held_at(c, gates) for c in unfinished)
-
-
 class QuietOutcomes(Outcomes):
     """The runner's outcomes, told to no one (audit and notifications are not under test)."""
 
@@ -309,14 +326,21 @@ class QuietOutcomes(Outcomes):
 
 @dataclass
 class Held:
-    """A lease a router holds (it keeps renewing it while its stream runs)."""
+    """A lease a router holds (it keeps renewing it while its stream runs, and while the
+    router lives)."""
 
     member: str
     attempt: str
     client: str
     epoch: int
+    expiry_ms: int
+    """When the lease runs out unless renewed (the store's clock, as its last grant or
+    renewal set it)."""
+    renewed_ms: int
     forgotten: bool = False
     """The store lost it (flushed) and no renewal has written it back yet."""
+    alive: bool = True
+    """Its router lives and renews it; a dead router's lease lapses at ``expiry_ms``."""
 
 
 @dataclass
@@ -329,20 +353,32 @@ class Waiting:
     """Error codes the contract allows this request (besides a full queue)."""
     priority: int = 0
     """A higher one may turn a swap still unloading toward its member (docs/adr/0006)."""
+    deadline_ms: int = 0
+    """When its router's hold budget runs out (set at its first ask)."""
+    since_ms: int | None = None
+    """When the store first counted it waiting (its arrival, kept through re-asks;
+    ``None`` while the store does not count it: before its first hold, after a flush)."""
 
 
 class ControllerMachine(RuleBasedStateMachine):
     redis_url = ""
     policy = POLICY
+    events: ClassVar[Counter[str]] = Counter()
+    """What the runs of this class reached (leases reaped, waiters timed out, backoffs
+    lapsed, swaps timed out, ``maxWait`` closes): a test on examples that are the same at
+    every run asserts them."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.loop = asyncio.new_event_loop()
+        self.clock = VirtualClock()
+        self.loop = VirtualLoop(self.clock)
         self.redis: aioredis.Redis = aioredis.from_url(self.redis_url, decode_responses=True)
         # The link's own 2 s command timeout is a wall clock: a command that a loaded host
         # delays past it would end a run differently from its replay (hypothesis reports
         # that as flaky). What the store does when Redis is slow is not this machine's.
-        self.link = RedisLink(RedisSettings(redis_url=self.redis_url), timeout=STORE_TIMEOUT_S)
+        self.link = RedisLink(
+            RedisSettings(redis_url=self.redis_url), timeout=STORE_TIMEOUT_S, clock=self.clock
+        )
         self.store = PoolStore(self.link, Keys("p" + uuid.uuid4().hex[:10]), self.policy)
         self.gpu = SimGpu()
         self.driver = GatedDriver(self.gpu, self.serving)
@@ -351,10 +387,15 @@ class ControllerMachine(RuleBasedStateMachine):
         self.swaps: list[Swap] = []
         self.n = 0
         self.revoked: set[str] = set()
+        self.closed = False
+        self.ran_for: dict[int, str] = {}
+        """swap -> the member it ran for, once it ended."""
+        self.broken: set[int] = set()
+        """Swaps a driver command of which the machine made fail."""
         self.zombies: set[str] = set()
         """Members taken for lost while still on the GPU (until a swap unloads them)."""
-        self.failed: set[str] = set()
-        """Members whose swap failed (their backoff outlasts any run)."""
+        self.failed: dict[str, int] = {}
+        """member -> when its last swap failed (its backoff runs from then)."""
 
     def run(self, coro):  # type: ignore[no-untyped-def]
         return self.loop.run_until_complete(coro)
@@ -391,32 +432,27 @@ class ControllerMachine(RuleBasedStateMachine):
 
         async def run() -> str:
             CURRENT_SWAP.set(key)
-            return (await runner.run(order)).result
+            ran = await runner.run(order)
+            self.ran_for[key] = ran.target  # a swap retargeted ran for its new target
+            return ran.result
 
         self.swaps.append(Swap(order, owner, self.loop.create_task(run()), key))
         self.settle()
 
     def settle(self) -> None:
-        """Run the loop until every swap is held at a driver gate or has ended; record
-        what the ended ones leave behind."""
-
-        async def parked() -> None:
-            for _ in range(20_000):
-                gates = {id(c.done) for c in self.driver.pending}
-                if all(s.task.done() or _held_at(s.task, gates) for s in self.swaps):
-                    return
-                # A loop turn for the runners: no event says "held at a gate".
-                await asyncio.sleep(0.0005)  # one poll of the runners' state
-            raise AssertionError(f"swaps neither ended nor reached a driver: {self.swaps}")
-
-        self.run(parked())
+        """Run the loop until every task (swaps, their heartbeats, their driver commands)
+        waits on a driver gate or on the clock, or has ended; record what the ended swaps
+        leave behind."""
+        self.run(until_parked(self.loop, lambda: {id(c.done) for c in self.driver.pending}))
         for swap in [s for s in self.swaps if s.task.done()]:
             self.swaps.remove(swap)
             if swap.task.cancelled():
                 continue
             if swap.task.result() == "failed":
-                if swap.order.target:
-                    self.failed.add(swap.order.target)
+                if target := self.ran_for.get(swap.key, swap.order.target):
+                    self.fail(target)
+                if swap.key not in self.broken:  # no command of it failed: its timeout
+                    ControllerMachine.events["swap timed out"] += 1
                 # A failed swap leaves the pool cold; what its unloads did not reach is
                 # still on the GPU, unknown to the store, until the next swap unloads it.
                 self.zombies |= self.gpu.loaded
@@ -446,9 +482,23 @@ class ControllerMachine(RuleBasedStateMachine):
         return str(fields.get("owner", "c1"))
 
     def serving(self) -> set[str]:
-        """Members with a lease a router holds (busy /slots are the GPU's to check:
-        :meth:`SimGpu.unload`)."""
-        return {held.member for held in self.leases.values()}
+        """Members with a lease a live router holds, or one a dead router held that the
+        store still counts (busy /slots are the GPU's to check: :meth:`SimGpu.unload`)."""
+        return {held.member for held in self.leases.values() if self.lease_live(held)}
+
+    def lease_live(self, held: Held) -> bool:
+        return held.alive or (not held.forgotten and held.expiry_ms > self.clock.ms)
+
+    def fail(self, member: str) -> None:
+        """``member``'s swap failed: its backoff starts, its waiters are let go."""
+        self.failed[member] = self.clock.ms
+        for waiter in self.waiting.values():
+            if waiter.member == member:
+                waiter.since_ms = None
+
+    def in_backoff(self, member: str) -> bool:
+        failed = self.failed.get(member)
+        return failed is not None and self.clock.ms < failed + self.policy.failure_backoff_ms
 
     @initialize()
     def start(self) -> None:
@@ -470,6 +520,8 @@ class ControllerMachine(RuleBasedStateMachine):
     def _ask(self, waiter: Waiting, controller: str) -> None:
         self.n += 1
         lease_id = f"L{self.n}"
+        if not waiter.deadline_ms:
+            waiter.deadline_ms = self.clock.ms + HOLD_MS
 
         request = AcquireRequest(
             pool=POLICY.name,
@@ -478,31 +530,39 @@ class ControllerMachine(RuleBasedStateMachine):
             attempt=waiter.attempt,
             request_id=waiter.client,
             router="r",
-            hold_s=600,
+            hold_s=(waiter.deadline_ms - self.clock.ms) / 1000,
             priority=waiter.priority or None,
         )
 
-        waiters_seen: list[int] = []
+        seen: list[tuple[PoolSnapshot, AcquireAsk]] = []
 
         def decide(s: PoolSnapshot, busy: SlotsRead) -> Decision:
-            waiters_seen.append(s.total_waiters)
             ask = AcquireAsk.of(request, now_ms=s.now_ms, lease_id=lease_id)
+            seen.append((s, ask))
             return decide_acquire(s, ask, self.policy, controller, slots_busy=busy)
 
         decision = self.decide_busy(decide, waiter.attempt)
         reply = decision.reply
         after = self.snapshot()
+        if waiter.member in self.failed and not self.in_backoff(waiter.member):
+            # Asked once its backoff ran out: a swap_failed answer is no longer allowed.
+            del self.failed[waiter.member]
+            refused = isinstance(reply, ErrorReply) and reply.code == "swap_failed"
+            ControllerMachine.events["asked after a backoff lapsed"] += not refused
         if isinstance(reply, Granted):
             self.assert_grantable(waiter.member, after)
             assert self.gpu.ready(waiter.member), f"granted {waiter.member}, GPU: {self.gpu.loaded}"
             known = self.leases.get(reply.lease_id)
             assert known is None or known.attempt == waiter.attempt, "an attempt got another's"
+            expiry = self.clock.ms + round(reply.ttl_s * 1000)
             self.leases[reply.lease_id] = Held(
-                waiter.member, waiter.attempt, waiter.client, reply.epoch
+                waiter.member, waiter.attempt, waiter.client, reply.epoch, expiry, self.clock.ms
             )
             self.waiting.pop(waiter.attempt, None)
         elif isinstance(reply, WaitReply):
             self.waiting[waiter.attempt] = waiter
+            if waiter.since_ms is None and after.live_waiters(waiter.member):
+                waiter.since_ms = self.clock.ms
             self.assert_not_dead_on_arrival(waiter)
         elif isinstance(reply, IncumbentBusyReply):
             assert waiter.mode == PoolActivation.IF_IDLE, "a Wait request was skipped"
@@ -510,11 +570,15 @@ class ControllerMachine(RuleBasedStateMachine):
         else:
             assert isinstance(reply, ErrorReply), reply
             allowed = set(waiter.may_fail)
-            if waiters_seen and waiters_seen[-1] >= self.policy.max_waiters:
+            snap, ask = seen[-1]
+            if snap.total_waiters >= self.policy.max_waiters:
                 allowed.add("pool_queue_full")  # only when the queue was full
-            if waiter.member in self.failed:  # its swap failed: backoff (1 h here)
+            if self.in_backoff(waiter.member):  # its swap failed, and the backoff runs
                 allowed.add("swap_failed")
-            assert reply.code in allowed, (reply, waiters_seen)
+            eta, _ = eta_s(snap, ask.member, ask.urgency_ms(self.policy))
+            if eta > (ask.deadline_ms - snap.now_ms) / 1000:
+                allowed.add("eta_over_budget")  # measured swaps outlast what is left of it
+            assert reply.code in allowed, (reply, snap)
             self.waiting.pop(waiter.attempt, None)
 
     def assert_grantable(self, member: str, after: PoolSnapshot) -> None:
@@ -552,14 +616,20 @@ class ControllerMachine(RuleBasedStateMachine):
         attempt = data.draw(st.sampled_from(sorted(self.waiting)))
         self._ask(self.waiting[attempt], "c1")
 
-    @precondition(lambda self: self.leases)
+    def routers(self) -> list[str]:
+        """The leases whose router lives (it renews and releases them)."""
+        return sorted(k for k, held in self.leases.items() if held.alive)
+
+    @precondition(lambda self: self.routers())
     @rule(data=st.data())
     def renew(self, data: st.DataObject) -> None:
-        self.renew_lease(data.draw(st.sampled_from(sorted(self.leases))))
+        self.renew_lease(data.draw(st.sampled_from(self.routers())))
 
     def renew_lease(self, lease_id: str) -> None:
-        """A router renews a lease it holds: never refused unless its member was revoked."""
+        """A router renews a lease it holds: never refused unless its member was revoked,
+        or the store forgot it and its relearning window closed before it came back."""
         held = self.leases[lease_id]
+        held.renewed_ms = self.clock.ms
         renewed = self.run(
             self.store.renew(
                 held.member,
@@ -572,31 +642,85 @@ class ControllerMachine(RuleBasedStateMachine):
         )
         if renewed.outcome is Renewal.RENEWED:
             held.forgotten = False
+            held.expiry_ms = self.clock.ms + self.policy.lease_ttl_ms
         elif renewed.outcome is Renewal.GONE:
-            assert held.member in self.revoked, f"renewal of {lease_id} refused: {held}"
+            assert held.member in self.revoked or held.forgotten, f"renewal refused: {held}"
             del self.leases[lease_id]  # the router ends the stream with an error
 
-    @precondition(lambda self: self.leases)
+    @precondition(lambda self: self.routers())
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        self.release_lease(data.draw(st.sampled_from(sorted(self.leases))))
+        self.release_lease(data.draw(st.sampled_from(self.routers())))
 
     def release_lease(self, lease_id: str) -> None:
         held = self.leases.pop(lease_id)
         released = self.run(self.store.release(held.member, lease_id))
         assert released.removed or held.forgotten or held.member in self.revoked
 
-    @precondition(lambda self: self.leases)
-    @rule(data=st.data())
-    def expire(self, data: st.DataObject) -> None:
-        """A router died: its lease stops being renewed and is reaped."""
-        lease_id = data.draw(st.sampled_from(sorted(self.leases)))
-        held = self.leases.pop(lease_id)
-        key = self.store.keys.pool_leases(POLICY.name, held.member)
-        present = self.run(self.redis.zadd(key, {lease_id: 1}, xx=True, ch=True))
-        reaped = self.run(self.store.reap())
-        if not held.forgotten and held.member not in self.revoked:
-            assert lease_id in {lease.lease_id for lease in reaped}, (present, reaped)
+    @precondition(lambda self: self.routers())
+    @rule(data=st.data(), ms=st.sampled_from(PASSES_MS))
+    def router_dies(self, data: st.DataObject, ms: int) -> None:
+        """A router dies: its lease is renewed no more, and lapses at its expiry (until
+        then the store counts it, as it must: it cannot tell a dead router from a slow
+        one). Then time passes and a supervisor ticks (reaping it if it lapsed)."""
+        self.leases[data.draw(st.sampled_from(self.routers()))].alive = False
+        self.supervisor_wakes(ms, "c1")
+
+    @rule(ms=st.sampled_from(PASSES_MS))
+    def time_passes(self, ms: int) -> None:
+        self.advance(ms)
+
+    @rule(ms=st.sampled_from(PASSES_MS), controller=st.sampled_from(["c1", "c2"]))
+    def supervisor_wakes(self, ms: int, controller: str) -> None:
+        """Time passes, then a supervisor ticks (its timer: it reaps, closes, swaps)."""
+        self.advance(ms)
+        self.tick(controller)
+
+    @precondition(lambda self: self.policy.max_wait_ms is not None)
+    @rule(other=st.sampled_from(MEMBERS), ms=st.sampled_from(PASSES_MS))
+    def demand_meets_a_busy_resident(self, other: str, ms: int) -> None:
+        """A stream starts on the resident and a request for another member comes, then
+        time passes and a supervisor ticks (random steps alone line these up for a
+        ``maxWait`` close only now and then)."""
+        resident = self.snapshot().resident
+        if resident is None or other == resident:
+            return
+        self.acquire(resident, PoolActivation.WAIT, "c1", "client-1")
+        self.acquire(other, PoolActivation.WAIT, "c2", "client-2")
+        self.supervisor_wakes(ms, "c1")
+
+    def advance(self, ms: int) -> None:
+        """``ms`` of virtual time pass, a step at a time: at each step the timers due run
+        (heartbeats, swap timeouts), live routers renew their leases when due, a lease
+        that lapsed is reaped (the supervisor's reap runs on its timer), and the requests
+        whose hold budget ran out leave the machine (their router answered them: 503; its
+        cancel is lost, so the store must let them go by their deadline)."""
+        end = self.clock.ms + ms
+        while self.clock.ms < end:
+            self.clock.ms = min(end, self.clock.ms + TIME_STEP_MS)
+            self.settle()
+            for lease_id, held in list(self.leases.items()):
+                if held.alive and self.clock.ms - held.renewed_ms >= RENEW_EVERY_MS:
+                    self.renew_lease(lease_id)
+            if any(h.expiry_ms <= self.clock.ms for h in self.leases.values() if not h.alive):
+                self.reap()
+            for attempt, waiter in list(self.waiting.items()):
+                if waiter.deadline_ms <= self.clock.ms:
+                    del self.waiting[attempt]
+                    ControllerMachine.events["waiter timed out"] += 1
+
+    def reap(self) -> None:
+        """The supervisor's reap: every lease of a dead router past its expiry goes at the
+        first reap after it, and nothing else does."""
+        reaped = {lease.lease_id for lease in self.run(self.store.reap())}
+        for lease_id, held in list(self.leases.items()):
+            if held.alive or held.expiry_ms > self.clock.ms:
+                assert lease_id not in reaped, f"reaped a live lease: {held}"
+                continue
+            del self.leases[lease_id]
+            if not held.forgotten:  # (a revoke drops its leases from the machine at once)
+                assert lease_id in reaped, f"an expired lease was not reaped: {held}"
+                ControllerMachine.events["expired lease reaped"] += 1
 
     @precondition(lambda self: self.waiting)
     @rule(data=st.data())
@@ -609,18 +733,52 @@ class ControllerMachine(RuleBasedStateMachine):
 
     @rule(controller=st.sampled_from(["c1", "c2"]))
     def tick(self, controller: str) -> None:
-        if self.snapshot().phase == Phase.UNKNOWN:
+        """The supervisor's tick: the reap, then the decision (PoolRuntime.tick)."""
+        self.reap()
+        before = self.snapshot()
+        if before.phase == Phase.UNKNOWN:
             self.rebuild()
             return
-        resident = self.snapshot().resident
+        due = self.close_due(before)
         decision = self.decide_busy(
             lambda s, busy: decide_tick(s, self.policy, controller, slots_busy=busy)
         )
         lost = any(i.outcome == PoolOutcome.RESIDENT_LOST for i in decision.audit)
-        if lost and resident in self.gpu.loaded:
+        if lost and before.resident in self.gpu.loaded:
             # An unhealthy resident whose last lease ended, taken for lost while its
             # process still holds the GPU: the next swap's unloads take it away.
-            self.zombies.add(resident)
+            self.zombies.add(before.resident)
+        if due is not None:
+            after = self.snapshot()
+            assert after.closed or after.phase in IN_FLIGHT, f"maxWait close due: {due}, {after}"
+            ControllerMachine.events["maxWait close due, and made"] += after.closed
+
+    def close_due(self, snap: PoolSnapshot) -> Waiting | None:
+        """A waiter for another member that has waited ``maxWait`` (by its arrival; the
+        resident's expected drain and a priority only make a close come sooner) while the
+        resident serves, healthy, has stayed ``minResidency`` and has no waiters of its
+        own: the tick must close the resident (or swap, were it idle after all)."""
+        max_wait, min_residency = self.policy.max_wait_ms, self.policy.min_residency_ms
+        resident = snap.resident
+        if max_wait is None or min_residency is None or self.policy.has_capacity:
+            return None
+        if snap.phase not in {Phase.IDLE, Phase.DRAINING} or snap.closed or snap.unhealthy:
+            return None
+        if resident is None or self.swaps or not snap.serving(resident):
+            return None
+        if snap.live_waiters(resident) or snap.now_ms - snap.committed_ms < min_residency:
+            return None
+        return next(
+            (
+                w
+                for w in self.waiting.values()
+                if w.member != resident
+                and w.since_ms is not None
+                and snap.live_waiters(w.member)
+                and snap.now_ms - w.since_ms >= max_wait
+            ),
+            None,
+        )
 
     @precondition(lambda self: self.driver.pending)
     @rule(data=st.data())
@@ -644,25 +802,30 @@ class ControllerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def fail_swap(self, data: st.DataObject) -> None:
         """A driver command fails (a load that crashes, an unload that cannot confirm)."""
-        self.driver.open(data.draw(st.sampled_from(self.driver.pending)), fail=True)
+        command = data.draw(st.sampled_from(self.driver.pending))
+        self.broken.add(command.swap)
+        self.driver.open(command, fail=True)
         self.settle()
 
     @precondition(lambda self: self.swaps)
     @rule(data=st.data(), frozen=st.booleans())
     def controller_dies(self, data: st.DataObject, frozen: bool) -> None:
-        """The owner vanishes mid-swap (its heartbeat made to lapse). A frozen one keeps
-        its commands held at their gates: opened later, they act on its old epoch (as a
-        thawed owner's would, past its last ownership check) and meet the GPU's fence."""
+        """The owner vanishes mid-swap: its heartbeat stops, and lapses once time passes
+        (then a tick takes the swap over). A frozen one keeps its commands held at their
+        gates: opened later, they act on its old epoch (as a thawed owner's would, past
+        its last ownership check) and meet the GPU's fence."""
         self.controller_dies_now(data.draw(st.sampled_from(self.swaps)).owner, frozen=frozen)
 
     def controller_dies_now(self, owner: str, *, frozen: bool = False) -> None:
-        if not frozen:
-            for swap in self.swaps:
-                if swap.owner == owner:
-                    swap.task.cancel()
-            self.settle()
-        state = self.store.keys.pool_state(POLICY.name)
-        self.run(self.redis.hset(state, "heartbeat", "1"))
+        """``owner`` dies (its swaps stop) or freezes (only its heartbeats stop: the
+        runner names each heartbeat's task after its pool and epoch)."""
+        mine = [swap for swap in self.swaps if swap.owner == owner]
+        beats = {f"swap-heartbeat-{self.policy.name}-{swap.order.epoch}" for swap in mine}
+        stop = set() if frozen else {swap.task for swap in mine}
+        for task in asyncio.all_tasks(self.loop):
+            if task in stop or task.get_name() in beats:
+                task.cancel()
+        self.settle()
 
     @rule(member=st.sampled_from(MEMBERS), controller=st.sampled_from(["c1", "c2"]))
     def admin_swap(self, member: str, controller: str) -> None:
@@ -753,7 +916,10 @@ class ControllerMachine(RuleBasedStateMachine):
         if granted is None:
             return
         assert self.gpu.ready(resident), f"granted {resident}, GPU: {self.gpu.loaded}"
-        self.leases[lease_id] = Held(resident, attempt, client, granted.epoch)
+        expiry = self.clock.ms + self.policy.lease_ttl_ms
+        self.leases[lease_id] = Held(
+            resident, attempt, client, granted.epoch, expiry, self.clock.ms
+        )
 
     # --- faults ---------------------------------------------------------------------
 
@@ -768,21 +934,17 @@ class ControllerMachine(RuleBasedStateMachine):
 
     @rule()
     def redis_flushed(self) -> None:
-        """Redis restarts empty: every key of the pool is gone (leases, waiters, state)."""
+        """Redis restarts empty: every key of the pool is gone (leases, waiters, state).
+        Live routers renew their leases back while the rebuilt state relearns (a lease
+        TTL); a renewal refused after that ends its stream with an error (nothing cut).
+        A restart takes a moment: epochs issued after it (from the store's clock) are
+        above those issued before, which a clock that stood still would not give."""
         self.run(self.store.reset())
         for held in self.leases.values():
             held.forgotten = True
-
-    @precondition(lambda self: self.snapshot().relearning)
-    @rule()
-    def relearn_window_ends(self) -> None:
-        """A lease TTL passes: a lease whose router did not renew it in the window ran out
-        of proof at its router (the stream ended with an error, nothing was cut)."""
-        for lease_id, held in list(self.leases.items()):
-            if held.forgotten:
-                del self.leases[lease_id]
-        state = self.store.keys.pool_state(POLICY.name)
-        self.run(self.redis.hset(state, "relearn", "1"))
+        for waiter in self.waiting.values():
+            waiter.since_ms = None
+        self.advance(RESTART_MS)
 
     @rule(crash=st.booleans())
     def resident_stops_answering(self, crash: bool) -> None:
@@ -852,28 +1014,61 @@ class ControllerMachine(RuleBasedStateMachine):
         if snap.phase == Phase.UNKNOWN:
             return
         for member in MEMBERS:
-            held = sum(1 for h in self.leases.values() if h.member == member and not h.forgotten)
+            held = sum(
+                1
+                for h in self.leases.values()
+                if h.member == member and not h.forgotten and h.expiry_ms > self.clock.ms
+            )
             assert snap.live_leases(member) == held, (member, snap.leases, self.leases)
+
+    @invariant()
+    def count_closes(self) -> None:
+        """Counts the resident's closes (``maxWait``), by a tick or by a request."""
+        closed = self.snapshot().closed
+        ControllerMachine.events["maxWait close"] += closed and not self.closed
+        self.closed = closed
 
     @invariant()
     def waiters_never_exceed_the_cap(self) -> None:
         assert self.snapshot().total_waiters <= POLICY.max_waiters
 
+    @invariant()
+    def no_waiter_is_held_past_its_budget(self) -> None:
+        """The store counts no waiter whose router's hold budget ran out (it answered the
+        request, its cancel lost): each member's live waiters are among the requests
+        still within their budget."""
+        snap = self.snapshot()
+        for member in MEMBERS:
+            within = sum(
+                1
+                for w in self.waiting.values()
+                if w.member == member and w.deadline_ms > self.clock.ms
+            )
+            assert snap.live_waiters(member) <= within, (member, snap.waiters, self.waiting)
+
     def quiesce(self) -> None:
-        """Thaw, answer the GPU, release everything and let the pool settle: every waiter
-        must then be answered."""
+        """Thaw, answer the GPU, release every live router's lease, let dead routers'
+        leases lapse (and be reaped) and the pool settle: every waiter must then be
+        answered."""
         self.gpu.stalled.clear()
         self.gpu.bypassed.clear()
         self.health_check()
         for lease_id, held in list(self.leases.items()):
-            self.run(self.store.release(held.member, lease_id))
-        self.leases.clear()
+            if held.alive:
+                self.release_lease(lease_id)
+        if self.leases:
+            self.advance(max(h.expiry_ms for h in self.leases.values()) - self.clock.ms)
+            self.reap()
+        assert not self.leases, self.leases
         for _ in range(200):
             if self.snapshot().relearning:
-                self.relearn_window_ends()
+                self.advance(RELEARN_MS)
             if not self.waiting:
                 return
             self.tick("c1")
+            if not self.swaps and self.snapshot().phase in IN_FLIGHT:
+                # A dead owner's swap: its heartbeat lapses, the next tick takes it over.
+                self.advance(HEARTBEAT_LAPSES_MS)
             while self.driver.pending:
                 self.step(self.driver.pending[0])
             for waiter in list(self.waiting.values()):
@@ -934,14 +1129,40 @@ def test_controller_transitions_keep_the_contract_with_slots(
 def test_controller_transitions_keep_the_contract_with_max_wait(
     machine: type[ControllerMachine],
 ) -> None:
-    """The same with the scheduler closing the resident as soon as another member waits
-    (maxWait and minResidency of a millisecond, docs/adr/0006): closing stops new grants,
-    never a lease; every waiter, the closed resident's own included, is still answered."""
+    """The same with the scheduler closing a busy resident once another member waited
+    ``maxWait`` (2 s, a resident staying at least ``minResidency``, 1 s; docs/adr/0006):
+    closing stops new grants, never a lease; it happens at the first tick once due; every
+    waiter, the closed resident's own included, is still answered."""
+    run_to_quiescence(closing(machine), examples=40, steps=40)
+
+
+def closing(machine: type[ControllerMachine]) -> type[ControllerMachine]:
+    """``machine`` with ``maxWait`` 2 s and ``minResidency`` 1 s."""
 
     class Closing(machine):  # type: ignore[misc, valid-type]
-        policy = replace(POLICY, max_wait_ms=1, min_residency_ms=0)
+        policy = replace(machine.policy, max_wait_ms=2000, min_residency_ms=1000)
 
-    run_to_quiescence(Closing, examples=40, steps=40)
+    return Closing
+
+
+TIMED_EVENTS = (
+    "expired lease reaped",
+    "waiter timed out",
+    "asked after a backoff lapsed",
+    "swap timed out",
+)
+"""What short clocks make happen inside runs, that the machines count."""
+
+
+def test_short_clocks_lapse_inside_runs(machine: type[ControllerMachine]) -> None:
+    """On examples that are the same at every run, time passing inside the runs makes
+    dead routers' leases expire (and be reaped), waiters time out, backoffs lapse, swaps
+    time out and ``maxWait`` close busy residents: asserted, not hoped for."""
+    ControllerMachine.events.clear()
+    run_to_quiescence(closing(machine), examples=100, steps=60, derandomize=True)
+    print(dict(ControllerMachine.events))
+    for event in (*TIMED_EVENTS, "maxWait close"):
+        assert ControllerMachine.events[event] > 0, (event, ControllerMachine.events)
 
 
 def test_machine_detects_two_residents_and_a_cut() -> None:
@@ -1022,7 +1243,8 @@ def test_known_fault_sequences_keep_the_contract(machine: type[ControllerMachine
         m.acquire("b", wait, "c1", "client-1")
         m.tick("c1")
         (stale,) = m.swaps  # held at its first unload: frozen past its ownership check
-        m.run(m.redis.hset(m.store.keys.pool_state(POLICY.name), "heartbeat", "1"))
+        m.controller_dies_now(stale.owner, frozen=True)
+        m.advance(HEARTBEAT_LAPSES_MS)  # its heartbeat lapses
         m.tick("c2")  # takes the swap over under a newer epoch
         _settle_swaps(m, but=stale)
         _answer_and_release(m)  # b's request is served
@@ -1085,6 +1307,7 @@ def test_a_swap_reads_the_slots_of_every_member_it_unloads(
         m.acquire("b", wait, "c1", "client-1")  # a idle: the swap to b starts
         m.controller_dies_now("c1")
         m.bypass_traffic("a", busy=True)  # a client talks to a directly, meanwhile
+        m.advance(HEARTBEAT_LAPSES_MS)  # its heartbeat lapses
         m.tick("c2")  # takes the swap over
         _settle_swaps(m)
         assert "a" in m.gpu.loaded, "a's traffic was cut"
