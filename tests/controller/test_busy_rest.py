@@ -16,14 +16,22 @@ from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
 
 from hotseat_common.audit_stream import AuditPublisher
+from hotseat_common.config.model import PoolActivation
 from hotseat_common.keys import Keys
-from hotseat_common.messages import AcquireRequest, Granted, RenewRequest
+from hotseat_common.messages import AcquireRequest, Granted, PlacementReason, RenewRequest
 from hotseat_common.metrics import PoolMetrics
 from hotseat_common.subjects import Subjects
+from hotseat_pool_controller.decisions.placement import (
+    GroupMember,
+    GroupPolicy,
+    decide_placement,
+)
 from hotseat_pool_controller.drivers import build_driver
 from hotseat_pool_controller.model import PoolPolicy
 from hotseat_pool_controller.runtime.announcer import Announcer
+from hotseat_pool_controller.runtime.placement import CopyWriter
 from hotseat_pool_controller.runtime.pool import PoolRuntime
+from hotseat_pool_controller.store.group import GroupStore
 from hotseat_pool_controller.store.link import RedisLink
 from hotseat_pool_controller.store.pool import PoolStore, Renewal
 from tests.support.pool_state import store_id
@@ -145,3 +153,48 @@ async def test_an_expired_lease_of_a_busy_pool_is_reaped_when_it_expires(
         await asyncio.sleep(0.05)
     assert await redis.zscore(leases, "dropped") is None, "the expired lease was not reaped"
     assert await redis.zscore(leases, "kept") is not None
+
+
+async def test_a_group_copy_behind_a_leased_resident_is_not_placeable_without_a_tick(
+    make_runtime: MakeRuntime, link: RedisLink, prefix: str
+) -> None:
+    """gpu0 serves a group's copy ``b`` behind its idle resident ``a``: the group index
+    shows it placeable. Each grant of ``a`` counts its lease in the index, so that an IfIdle
+    placement finds the group busy at once, and its release uncounts it, so that ``b`` is
+    placeable again: all without the resting supervisor reading the pool once."""
+    runtime = await make_runtime(60_000)
+    store = GroupStore(link, Keys(prefix), "bgroup")
+    group = GroupPolicy("bgroup", 1, (GroupMember("gpu0", "b", "gpu0-b", 4),))
+    runtime.serve_groups(CopyWriter([(store, "b")], 600_000, {}))
+    runtime.stir()  # the supervisor writes gpu0's entry, then rests
+
+    async def placed() -> tuple[str | None, PlacementReason]:
+        p = decide_placement(
+            group, await store.read(), mode=PoolActivation.IF_IDLE, stale_ms=600_000
+        )
+        return p.pool, p.reason
+
+    cold = ("gpu0", PlacementReason.COLD_CHEAPEST_EVICTION)
+
+    async def entry_written() -> bool:
+        return runtime.stir.resting_until is not None and await placed() == cold
+
+    await eventually(entry_written)
+    quiet = runtime.ticks
+    first = await _grant(runtime, "first")  # outlives the quiet pool's rest: it is read
+    await eventually(_ticked_since(runtime, quiet))
+    await eventually(_resting(runtime))
+    assert await placed() == (None, PlacementReason.BUSY)
+    assert await runtime.answers.release("a", first.lease_id)
+    before = runtime.ticks
+    for i in range(20):
+        lease = await _grant(runtime, f"req-{i}")
+        assert await placed() == (None, PlacementReason.BUSY), i
+        renewed = await runtime.answers.renew(
+            RenewRequest(pool="gpu0", member="a", lease_id=lease.lease_id, epoch=lease.epoch)
+        )
+        assert renewed.outcome is Renewal.RENEWED
+        assert await placed() == (None, PlacementReason.BUSY), i
+        assert await runtime.answers.release("a", lease.lease_id)
+        assert await placed() == cold, i
+    assert runtime.ticks == before, f"{runtime.ticks - before} ticks"

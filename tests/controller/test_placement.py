@@ -50,6 +50,7 @@ def index(
     waiting: dict[str, int] | None = None,
     claims: dict[str, int] | None = None,
     session: str | None = None,
+    busy: dict[str, int] | None = None,
 ) -> GroupSnapshot:
     return GroupSnapshot(
         now_ms=NOW,
@@ -58,6 +59,7 @@ def index(
         waiting=waiting or {},
         claims=claims or {},
         session_pool=session,
+        busy=busy or {},
     )
 
 
@@ -177,6 +179,11 @@ def test_if_idle_falls_through_only_when_every_pool_is_busy() -> None:
     assert (held.pool, held.reason) == ("gpu3", PlacementReason.BUSY_SHORTEST_WAIT)
     for pool, state in (("gpu2", COLD), ("gpu2", RESIDENT), ("gpu2", LOADING)):
         assert place(index({**busy, pool: state}), IF_IDLE).pool == pool
+    # An entry written while gpu2's resident was idle, which has a lease since (counted
+    # by the grant, no tick in between): gpu2 cannot load it now.
+    leased = index({**busy, "gpu2": COLD}, busy={"gpu2": 1})
+    assert place(leased, IF_IDLE).reason == PlacementReason.BUSY
+    assert place(index({**busy, "gpu2": COLD}, busy={"gpu2": 0}), IF_IDLE).pool == "gpu2"
 
 
 def test_a_lost_or_failed_pool_receives_no_placement() -> None:
@@ -241,21 +248,25 @@ COPY = st.builds(
     copies=st.dictionaries(st.sampled_from(POOLS), COPY),
     leases=st.dictionaries(st.sampled_from(POOLS), st.integers(0, 8)),
     waiting=st.dictionaries(st.sampled_from(POOLS), st.integers(0, 8)),
+    busy=st.dictionaries(st.sampled_from(POOLS), st.integers(0, 2)),
     max_copies=st.integers(1, 4),
     mode=st.sampled_from([WAIT, IF_IDLE]),
 )
 def test_every_placement_keeps_the_rules(
     copies: dict[str, CopyState],
+    *,
     leases: dict[str, int],
     waiting: dict[str, int],
+    busy: dict[str, int],
     max_copies: int,
     mode: PoolActivation,
 ) -> None:
     """Whatever the index: the pool placed on is live; a resident copy with a free slot
     is never passed over for a load or a wait; a load is claimed only below maxCopies on
-    a placeable pool; IfIdle is told busy only when no live copy serves or can load."""
+    a placeable pool whose resident has no lease; IfIdle is told busy only when no live
+    copy serves or can load."""
     g = group(max_copies=max_copies)
-    snap = index(copies, leases=leases, waiting=waiting)
+    snap = index(copies, leases=leases, waiting=waiting, busy=busy)
     placement = decide_placement(g, snap, mode=mode, stale_ms=STALE)
     live = {p: c for p, c in copies.items() if c.at_ms == NOW and not c.failed}
     if placement.pool is not None:
@@ -268,6 +279,7 @@ def test_every_placement_keeps_the_rules(
         assert copies_now < max_copies
         assert placement.pool is not None
         assert live[placement.pool].placeable
+        assert not busy.get(placement.pool)
     if placement.take:
         # A resident copy is chosen: the take chooses again among live resident copies
         # only (with a free slot, unless every one is full), the read's choice among them.
@@ -283,7 +295,9 @@ def test_every_placement_keeps_the_rules(
         raise AssertionError(f"a resident copy chosen without a take: {placement}")
     if placement.reason == PlacementReason.BUSY:
         assert mode == IF_IDLE
-        assert not any(c.resident or c.loading or c.placeable for c in live.values())
+        assert not any(
+            c.resident or c.loading or (c.placeable and not busy.get(p)) for p, c in live.items()
+        )
 
 
 # --- one pool's entry, from its snapshot ------------------------------------------------
@@ -312,7 +326,12 @@ def pool(**fields: object) -> PoolSnapshot:
             CopyState(placeable=True, cost_s=5, at_ms=NOW, sole=True),
         ),
         (
-            pool(resident="coder", committed_ms=0, leases={"coder": 1}),
+            # Its leases are counted in the group index by its grants (GroupSnapshot.busy)
+            pool(resident="coder", committed_ms=0, leases={"coder": 1}, used={}),
+            CopyState(placeable=True, at_ms=NOW, sole=True),
+        ),
+        (
+            pool(resident="coder", committed_ms=0, relearn_ms=NOW + 1000),
             CopyState(at_ms=NOW),
         ),
         (
@@ -321,7 +340,16 @@ def pool(**fields: object) -> PoolSnapshot:
         ),
         (pool(failures={"assistant": 3000}), CopyState(failed=True, at_ms=NOW)),
     ],
-    ids=["cold", "resident", "unhealthy", "idle-incumbent", "busy-incumbent", "loading", "failed"],
+    ids=[
+        "cold",
+        "resident",
+        "unhealthy",
+        "idle-incumbent",
+        "leased-incumbent",
+        "relearning-incumbent",
+        "loading",
+        "failed",
+    ],
 )
 def test_copy_state_of_a_one_resident_pool(snap: PoolSnapshot, expected: CopyState) -> None:
     """The entry says what a placement needs: warm, loading, loadable and at what cost."""

@@ -73,6 +73,11 @@ class Keys:
         """ZSET ``<pool> <lease id>`` -> expiry (ms, Redis clock): leases placed by the group."""
         return f"{self._group(group)}:leases"
 
+    def group_busy(self, group: str) -> str:
+        """ZSET ``<pool> <lease id>`` -> expiry (ms, Redis clock): leases on another member
+        of a one-resident pool, which a load of the group's copy there would evict."""
+        return f"{self._group(group)}:busy"
+
     def group_waiting(self, group: str) -> str:
         """ZSET ``<pool> <attempt>`` -> hold deadline (ms): requests placed and held."""
         return f"{self._group(group)}:waiting"

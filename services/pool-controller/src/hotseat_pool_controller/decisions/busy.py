@@ -36,12 +36,16 @@ def at_work(slots: SlotsRead, member: str) -> bool:
     return slots.get(member) is True
 
 
-def incumbent_busy(snap: PoolSnapshot, policy: PoolPolicy, slots: SlotsRead) -> bool:
-    """Live leases fleet-wide, requests about to use it (its waiters), or busy slots."""
+def incumbent_busy(
+    snap: PoolSnapshot, policy: PoolPolicy, slots: SlotsRead, *, leases: bool = True
+) -> bool:
+    """Live leases fleet-wide, requests about to use it (its waiters), or busy slots.
+    ``leases=False``: all but the live leases (which the caller counts otherwise: a group
+    copy's entry, docs/adr/0012); leases the store is still relearning count."""
     if snap.resident is None:
         return False
     return (
-        snap.serving(snap.resident)
+        (snap.serving(snap.resident) if leases else snap.relearning)
         or (
             snap.live_waiters(snap.resident) > 0
             and just_committed(snap, policy)

@@ -32,7 +32,7 @@ a candidate.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hotseat_common.config.model import PoolActivation
 from hotseat_common.messages import CopyStatus, PlacementReason
@@ -117,7 +117,7 @@ def copy_state(
         placeable = (
             snap.phase == Phase.IDLE
             and snap.resident != member
-            and not incumbent_busy(snap, policy, NOT_READ)
+            and not incumbent_busy(snap, policy, NOT_READ, leases=False)
             and not failed
         )
         evicts = (snap.resident,) if placeable and snap.resident is not None else ()
@@ -167,6 +167,9 @@ class GroupSnapshot:
     """pool -> until when (Redis clock) a load started for the group counts as loading."""
     session_pool: str | None = None
     version: int = 0
+    busy: Mapping[str, int] = field(default_factory=dict)
+    """pool -> live leases on another member of that one-resident pool (counted by its
+    grants, renewals and releases): its copy is not placeable while any lives."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +281,9 @@ def decide_placement(  # noqa: C901, PLR0911 - one answer per step of the ADR's 
     copies = len(resident) + len(loading)
     if copies < group.max_copies:
         candidates = [
-            p for p, c in live.items() if p not in resident and p not in loading and c.placeable
+            p
+            for p, c in live.items()
+            if p not in resident and p not in loading and c.placeable and not snap.busy.get(p)
         ]
         if candidates:
             best = min(

@@ -9,10 +9,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from hotseat_common.errors import ErrorCode
 from hotseat_common.logging import get_logger
-from hotseat_common.messages import AcquireRequest, ErrorReply, PoolView, RenewRequest
+from hotseat_common.messages import AcquireRequest, ErrorReply, Granted, PoolView, RenewRequest
 from hotseat_pool_controller.decisions.acquire import decide_acquire
 from hotseat_pool_controller.decisions.admin import decide_admin_swap, decide_admin_unload
 from hotseat_pool_controller.decisions.busy import SlotsRead, all_idle
@@ -32,6 +33,9 @@ from hotseat_pool_controller.runtime.recovery import Recovery
 from hotseat_pool_controller.runtime.transitions import Transitions
 from hotseat_pool_controller.store.pool import PoolStore, Renewal, Renewed
 from hotseat_pool_controller.view import pool_view
+
+if TYPE_CHECKING:
+    from hotseat_pool_controller.runtime.placement import CopyWriter
 
 log = get_logger(__name__)
 
@@ -54,7 +58,8 @@ class Stir:
         """The earliest a lease granted or renewed since the supervisor's last read can
         expire (``time.monotonic``): its rest ends no later."""
         self.copies: frozenset[str] = frozenset()
-        """The pool's members that are copies of model groups (docs/adr/0012): each one's
+        """A capacity pool's members that are copies of model groups (docs/adr/0012; a
+        one-resident pool counts its leases in the group indexes instead): each one's
         entry says whether it can be loaded here without evicting a busy member, so the
         first lease and the last release of another member wake the supervisor, whose
         tick rewrites the entries."""
@@ -123,6 +128,9 @@ class PoolAnswers:
         """Set when a request may let the pool move: its supervisor ticks at once."""
         self._stir = stir or Stir(wake)
         self._preloads = preloads
+        self.copies: CopyWriter | None = None
+        """Model groups serve on this one-resident pool: each lease on a member is counted
+        in the index of every group whose copy here is another member (docs/adr/0012)."""
 
     @property
     def name(self) -> str:
@@ -134,8 +142,15 @@ class PoolAnswers:
             self._preloads.seen(snap)
         return pool_view(self.policy, snap, self._preloads)
 
+    async def _busy(self, member: str, lease_id: str, ttl_ms: int | None) -> None:
+        if self.copies is not None:
+            await self.copies.busy(self.name, member, lease_id, ttl_ms)
+
     async def acquire(self, request: AcquireRequest) -> Reply:
         lease_id = uuid.uuid4().hex
+        # Counted before it can be granted, so that no group index ever shows a copy
+        # placeable here while this lease lives; uncounted when it was not granted.
+        await self._busy(request.member, lease_id, self.policy.lease_ttl_ms)
         fast = await self._store.grant_if_resident(
             request.member,
             lease_id,
@@ -160,6 +175,8 @@ class PoolAnswers:
         if unknown or moves_pool(decision, waiting=waiting):
             self._stir()  # the store lost the pool: the supervisor rebuilds it now
         reply = decision.reply or ErrorReply(code=ErrorCode.INTERNAL_ERROR, message="no decision")
+        if not isinstance(reply, Granted) or reply.lease_id != lease_id:
+            await self._busy(request.member, lease_id, None)  # a re-ask's lease is counted
         self._announcer.acquired(self.name, request.member, reply.status)
         return reply
 
@@ -167,6 +184,7 @@ class PoolAnswers:
         self, member: str, lease_id: str, requests: int = 1, longest_s: float | None = None
     ) -> bool:
         released = await self._store.release(member, lease_id, requests, longest_s)
+        await self._busy(member, lease_id, None)
         if released.may_move:
             self._wake.set()
         self._stir.released(member, last=released.removed and released.last)
@@ -186,6 +204,8 @@ class PoolAnswers:
             self._stir()  # the store lost the pool: the supervisor rebuilds it now
         else:
             self._stir.lease(self.policy.lease_ttl_ms / 1000, request.member)  # in the store
+        if renewed.outcome is Renewal.RENEWED:
+            await self._busy(request.member, request.lease_id, self.policy.lease_ttl_ms)
         return renewed
 
     async def cancel(self, member: str, attempt: str) -> bool:

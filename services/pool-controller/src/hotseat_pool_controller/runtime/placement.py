@@ -285,6 +285,15 @@ class CopyWriter:
         """The pool's members that are copies of a model group."""
         return frozenset(member for _, member in self._stores)
 
+    async def busy(self, pool: str, member: str, lease_id: str, ttl_ms: int | None) -> None:
+        """A lease on ``member`` of this one-resident pool was (or is about to be) granted
+        or renewed for ``ttl_ms``, or ended (``None``): counted in the index of every group
+        whose copy here a load would have to evict it for (one command per such group,
+        whatever the number of pools), so that no tick need rewrite their entries."""
+        for store, copy in self._stores:
+            if copy != member:
+                await store.busy(pool, lease_id, ttl_ms)
+
     async def observe(self, pool: str, snap: PoolSnapshot, policy: PoolPolicy) -> None:
         surplus = self.surplus(pool)
         for store, member in self._stores:

@@ -94,7 +94,10 @@ class PoolRuntime:
         pool evicts them first, docs/adr/0012)."""
         self.copies = copies
         self._store.surplus = partial(copies.surplus, self.name)
-        self.stir.copies = copies.members
+        if self.policy.has_capacity:
+            self.stir.copies = copies.members
+        else:
+            self.answers.copies = copies
 
     @property
     def name(self) -> str:

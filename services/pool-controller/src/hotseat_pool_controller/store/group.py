@@ -33,14 +33,15 @@ end
 READ = LuaScript(
     _NOW
     + """
--- KEYS: copies, leases, waiting, claims, version, session (or a dummy)
+-- KEYS: copies, leases, waiting, claims, version, session (or a dummy), busy
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
 local session = false
 if ARGV[1] == '1' then session = redis.call('GET', KEYS[6]) end
 return {now, redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1),
         redis.call('ZRANGE', KEYS[3], 0, -1), redis.call('HGETALL', KEYS[4]),
-        redis.call('GET', KEYS[5]) or '0', session}
+        redis.call('GET', KEYS[5]) or '0', session, redis.call('ZRANGE', KEYS[7], 0, -1)}
 """
 )
 
@@ -132,6 +133,18 @@ return 1
 """
 )
 
+BUSY = LuaScript(
+    _NOW
+    + """
+-- KEYS: busy. ARGV: pool, lease id, ms the lease lasts ('' : the lease ends). A lease on
+-- another member of the pool, counted until it ends or expires (a renewal adds it again:
+-- a lease the pool's store adopted, or one whose grant was counted before this existed).
+local entry = ARGV[1] .. ' ' .. ARGV[2]
+if ARGV[3] == '' then return redis.call('ZREM', KEYS[1], entry) end
+return redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), entry)
+"""
+)
+
 TOUCH = LuaScript(
     _NOW
     + """
@@ -198,7 +211,7 @@ class GroupStore:
 
     async def read(self, session: str | None = None) -> GroupSnapshot:
         k, g = self.keys, self.group
-        now, copies, leases, waiting, claims, version, pool = await self.link.script(
+        now, copies, leases, waiting, claims, version, pool, busy = await self.link.script(
             READ,
             keys=[
                 k.group_copies(g),
@@ -207,6 +220,7 @@ class GroupStore:
                 k.group_claims(g),
                 k.group_version(g),
                 self._session_key(session),
+                k.group_busy(g),
             ],
             args=["1" if session else "0"],
         )
@@ -218,6 +232,7 @@ class GroupStore:
             claims={p: int(raw) for p, raw in _pairs(claims)},
             session_pool=_text(pool) if pool else None,
             version=int(version),
+            busy=_per_pool(busy),
         )
 
     async def claim(
@@ -310,6 +325,16 @@ class GroupStore:
         await self.link.script(
             TOUCH,
             keys=[self.keys.group_leases(self.group)],
+            args=[pool, lease_id, "" if ttl_ms is None else ttl_ms],
+        )
+
+    async def busy(self, pool: str, lease_id: str, ttl_ms: int | None) -> None:
+        """A lease on another member of ``pool`` (one-resident) is granted or renewed for
+        ``ttl_ms`` (``None``: it ended): while it lives, the group's copy there is not
+        placeable, whatever its entry says (docs/adr/0012, "Busy residents")."""
+        await self.link.script(
+            BUSY,
+            keys=[self.keys.group_busy(self.group)],
             args=[pool, lease_id, "" if ttl_ms is None else ttl_ms],
         )
 
