@@ -448,8 +448,14 @@ class ControllerMachine(RuleBasedStateMachine):
             self.swaps.remove(swap)
             if swap.task.cancelled():
                 continue
-            if swap.task.result() == "failed":
-                if target := self.ran_for.get(swap.key, swap.order.target):
+            result = swap.task.result()
+            target = self.ran_for.get(swap.key, swap.order.target)
+            if result == "lost" and swap.key in self.broken and target:
+                # A command of it failed, then its ownership was found taken: its failure
+                # may have been written before the takeover (its backoff may run).
+                self.fail(target)
+            if result == "failed":
+                if target:
                     self.fail(target)
                 if swap.key not in self.broken:  # no command of it failed: its timeout
                     ControllerMachine.events["swap timed out"] += 1
@@ -861,10 +867,10 @@ class ControllerMachine(RuleBasedStateMachine):
                 assert snap.phase == Phase.UNKNOWN or snap.phase in IN_FLIGHT, (reply, snap)
             else:
                 assert reply.code == "incumbent_busy", reply
-                assert snap.serving(snap.resident) or snap.resident in self.gpu.bypassed, (
-                    reply,
-                    snap,
-                )
+                # At work: leases, traffic past the router, or /slots that do not answer
+                # (a stalled resident: fail closed).
+                at_work = self.gpu.bypassed.keys() | self.gpu.stalled
+                assert snap.serving(snap.resident) or snap.resident in at_work, (reply, snap)
             return
         if already is not None and snap.resident == already:
             return  # the member asked for is resident already: nothing to do
