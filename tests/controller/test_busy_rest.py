@@ -150,7 +150,7 @@ async def test_an_expired_lease_of_a_busy_pool_is_reaped_when_it_expires(
             break
         renewed = await store.renew("a", "kept")
         assert renewed.outcome is Renewal.RENEWED
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the renewal cadence itself, not a wait for an event
     assert await redis.zscore(leases, "dropped") is None, "the expired lease was not reaped"
     assert await redis.zscore(leases, "kept") is not None
 
