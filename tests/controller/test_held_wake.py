@@ -1,7 +1,9 @@
 """Requests held through a swap wake at its commit with one question per router, not one
 each (issue 20): the first grant after the commit is shared by the router's requests
 held for that member, under the rules of any sharing (docs/adr/0004), and they leave the
-pool's waiters. Real controller, sims, NATS and Redis."""
+pool's waiters; and they resume one per turn of the event loop, so that the first one's
+dispatch is not behind all the others' way to theirs. Real controller, sims, NATS and
+Redis."""
 
 from __future__ import annotations
 
@@ -27,12 +29,25 @@ async def test_requests_held_through_a_swap_share_the_first_grant_after_it(
     stack.start_sims()
     stack.start_controller("c1")
     await stack.wait_resident("judge")
+    turn = 0  # the event loop's turns, counted by a task that yields once per turn
+    resumed: list[int] = []  # the turn in which each held request got its handle
+
+    async def count_turns() -> None:
+        nonlocal turn
+        while True:
+            await asyncio.sleep(0)
+            turn += 1
+
+    counter = asyncio.create_task(count_turns())
     async with NatsActivationClient(nc, Subjects(prefix), "r1") as client:
 
         async def acquire(member: str, name: str, mode: PoolActivation) -> Any:
-            return await client.acquire(
+            lease = await client.acquire(
                 pool="gpu0", member=member, mode=mode, attempt=name, request_id=name, budget_s=30
             )
+            if mode is PoolActivation.WAIT:
+                resumed.append(turn)
+            return lease
 
         incumbent = await acquire("judge", "incumbent", PoolActivation.IF_IDLE)
         held = [
@@ -46,6 +61,10 @@ async def test_requests_held_through_a_swap_share_the_first_grant_after_it(
         await eventually(all_waiting, timeout=15)
         await client.release(incumbent)  # judge drains: the swap to coder starts
         leases = await asyncio.wait_for(asyncio.gather(*held), 30)
+        counter.cancel()
+        # One per turn: the loop reads and writes between one request's way to its
+        # dispatch and the next one's (the request that asked resumes first).
+        assert len(set(resumed)) == HELD, resumed
         # Served only on the resident: every handle was granted after the commit.
         state = await stack.pool()
         assert (state["phase"], state["resident"]) == ("idle", "coder")

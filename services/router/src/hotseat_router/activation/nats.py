@@ -65,6 +65,7 @@ from hotseat_common.subjects import Subjects
 from hotseat_common.tracing import NO_TRACING, Tracing
 from hotseat_router.activation.held import HeldLeases
 from hotseat_router.activation.protocol import GroupAsk, Lease, OnWait, Placed
+from hotseat_router.activation.turns import Turns
 
 log = get_logger(__name__)
 
@@ -78,12 +79,14 @@ SMALL_TIMEOUT_S = 1.0
 @dataclass
 class _PoolSignal:
     generation: int = 0
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: Turns = field(default_factory=Turns)
+    """Opened at the pool's next change: the requests waiting for it resume one per turn
+    of the loop (:mod:`.turns`), the first of them to ask first."""
 
     def bump(self) -> None:
         self.generation += 1
-        self.changed.set()
-        self.changed = asyncio.Event()
+        self.changed.open()
+        self.changed = Turns()
 
 
 @dataclass
@@ -92,9 +95,10 @@ class _Flight:
     for that member that would ask now wait for its answer instead: granted, they share
     its lease (:mod:`.held`, under the same rules as any sharing), so that requests held
     through a swap wake with one question at its commit, not one each; told to wait, those
-    already waiting go on waiting without asking."""
+    already waiting go on waiting without asking. Once it landed they resume one per turn
+    of the loop (:mod:`.turns`), a turn after the request that asked: its dispatch first."""
 
-    landed: asyncio.Event = field(default_factory=asyncio.Event)
+    landed: Turns = field(default_factory=Turns)
     waits: bool = False
     """The answer said to wait (the member is not resident, or takes no new request)."""
 
@@ -245,14 +249,14 @@ class NatsActivationClient:
         finally:
             if flight is not None:
                 del self._flights[key]
-                flight.landed.set()
+                flight.landed.open()
 
     async def _follow(self, flight: _Flight, deadline: float, told: WaitReply | None) -> None:
         """Until ``flight`` has its answer, within this request's hold."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(deadline):
                 await flight.landed.wait()
-        if flight.landed.is_set():
+        if flight.landed.opened:
             return
         if told is not None:
             raise _budget_spent(told)
@@ -358,7 +362,7 @@ class NatsActivationClient:
         self,
         signal: _PoolSignal,
         generation: int,
-        changed: asyncio.Event,
+        changed: Turns,
         deadline: float,
         reply: WaitReply,
     ) -> None:
