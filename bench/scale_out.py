@@ -15,11 +15,14 @@ need no sim process); their background is the commands counted over as long with
 traffic, so the per-request figure is given both raw and net of it.
 
 Wake-up: ``--held N`` requests for the pool's other member are sent at once; the swap
-they cause commits (the pool's state-change notification names the new resident), and
-the time from that notification to the first held request's response headers at the
-client is one sample, and the time from the load's end to the first held request's
-``serve_start`` in the sims' ledger (one clock; the commit lies between them)
-another; the pool then swaps back, ``--swaps`` times.
+they cause commits, and one sample is the time from the commit (the ``swap_completed``
+audit event's time, taken by the controller right after the commit's script returned) to
+the first held request's arrival at the member (its own request log), another to its
+``serve_start`` in the sims' ledger (millisecond resolution): one host, one clock, read
+by the processes that lived each moment. The client's view (this process receiving the
+commit's notification, then the first held response's headers) is printed beside them:
+the held streams load this process, so it is late to both. The pool then swaps back,
+``--swaps`` times; ``--matrix ""`` runs the wake-up alone.
 
     .venv/bin/python bench/scale_out.py [--requests 2000] [--concurrency 8]
         [--matrix "1,1,1 2,1,1 4,1,1 1,2,1 1,1,10 1,1,100"]   # routers,controllers,pools
@@ -47,7 +50,7 @@ from fleet import Fleet, Infra, sim_backend, start_infra
 
 from hotseat.launcher import Managed, free_port
 from hotseat_common.keys import Keys
-from hotseat_common.messages import PoolStateChanged
+from hotseat_common.messages import AuditEvent, PoolOutcome, PoolStateChanged
 from hotseat_common.subjects import Subjects
 from hotseat_sim.timeline import read_timeline
 
@@ -231,25 +234,37 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def load_to_serve(ledger: aioredis.Redis, member: str) -> float:
-    """Seconds from ``member``'s last load finishing to its first request since (both
-    from the sims' ledger, one clock, millisecond resolution): an upper bound of the time
-    from the swap's commit (which follows the load) to the first held dispatch."""
+async def first_serve(ledger: aioredis.Redis, member: str, since: float) -> float:
+    """When ``member`` first began to serve a request at or after ``since`` (the sims'
+    ledger: Redis stream ids, milliseconds of this host's clock)."""
     timeline = await read_timeline(ledger, Keys(PREFIX), "gpu0")
-    loaded = max(i for i, e in enumerate(timeline) if e.event == "loaded" and e.member == member)
-    served = next(
-        e.time for e in timeline[loaded:] if e.event == "serve_start" and e.member == member
-    )
-    return served - timeline[loaded].time
+    return min(
+        e.time for e in timeline if e.event == "serve_start" and e.member == member
+        and e.time >= since - 0.001
+    )  # fmt: skip
+
+
+def sim_url(fleet: Fleet, member: str) -> str:
+    backend = next(b for b in fleet.config["backends"] if b["name"] == f"p0{member}")
+    return str(backend["address"])
 
 
 async def wake_up(args: argparse.Namespace, held: int) -> None:
+    """``held`` requests for the other member, ``--swaps`` times. Every time is this host's
+    clock (``time.time()``) as the process that lived the moment read it: the commit from
+    the ``swap_completed`` audit event (its time is taken right after the commit's script
+    returned), the first held request's arrival from the member's own request log, its
+    ``serve_start`` from the sims' ledger; and, for comparison, the client's view in this
+    process, which the ``held`` streams load: the commit's notification received to the
+    first held response's headers."""
     work = Path(tempfile.mkdtemp(prefix="hotseat-wake-"))
     fleet = start_fleet(work, 1, 1, 1)
     nc = await nats.connect(fleet.infra.nats.url)
+    subjects = Subjects(PREFIX)
     try:
         url = fleet.routers[0].url
         commits: dict[str, asyncio.Future[float]] = {}
+        committed_at: dict[str, asyncio.Future[float]] = {}
 
         async def on_change(msg: Any) -> None:
             changed = PoolStateChanged.from_bytes(msg.data)
@@ -257,11 +272,19 @@ async def wake_up(args: argparse.Namespace, held: int) -> None:
             if changed.phase == "idle" and future is not None and not future.done():
                 future.set_result(time.monotonic())
 
-        await nc.subscribe(Subjects(PREFIX).pool_events("gpu0"), cb=on_change)
+        async def on_commit(msg: Any) -> None:
+            event = AuditEvent.from_bytes(msg.data)
+            future = committed_at.get(event.to_member or event.member or "")
+            if future is not None and not future.done():
+                future.set_result(event.time.timestamp())
+
+        await nc.subscribe(subjects.pool_events("gpu0"), cb=on_change)
+        await nc.subscribe(subjects.audit("pool", PoolOutcome.SWAP_COMPLETED), cb=on_commit)
         assert fleet.infra.sims_redis is not None
         ledger = aioredis.from_url(fleet.infra.sims_redis.url)
-        samples: list[float] = []
-        dispatches: list[float] = []
+        client_view: list[float] = []
+        arrivals: list[float] = []
+        serves: list[float] = []
         limits = httpx.Limits(max_connections=held + 10, max_keepalive_connections=held + 10)
         async with httpx.AsyncClient(limits=limits, timeout=120) as http:
             await drive(http, [url], "a", 5, 1)
@@ -270,7 +293,10 @@ async def wake_up(args: argparse.Namespace, held: int) -> None:
                 member = "b" if member == "a" else "a"
                 loop = asyncio.get_running_loop()
                 commits[member] = loop.create_future()
+                committed_at[member] = loop.create_future()
                 first: asyncio.Future[float] = loop.create_future()
+                sim = sim_url(fleet.fleet, member)
+                (await http.delete(sim + "/debug/requests")).raise_for_status()
 
                 async def one(target: str, first: asyncio.Future[float] = first) -> None:
                     async with http.stream(
@@ -283,14 +309,19 @@ async def wake_up(args: argparse.Namespace, held: int) -> None:
                             raise SystemExit(f"{response.status_code} {response.text[:300]}")
 
                 await asyncio.gather(*(one(member) for _ in range(held)))
-                committed = await commits[member]
-                samples.append(first.result() - committed)
-                dispatches.append(await load_to_serve(ledger, member))
+                commit = await committed_at[member]
+                client_view.append(first.result() - await commits[member])
+                seen = (await http.get(sim + "/debug/requests")).json()["requests"]
+                arrivals.append(min(r["time"] for r in seen) - commit)
+                serves.append(await first_serve(ledger, member, commit) - commit)
+
+        def figures(values: list[float]) -> str:
+            return f"p50 {pct(values, 0.5) * 1e3:6.1f} ms  p99 {pct(values, 0.99) * 1e3:6.1f} ms"
+
         print(
-            f"  {held:>3} held: load done -> first held dispatch (sims' ledger)"
-            f" p50 {pct(dispatches, 0.5) * 1e3:6.1f} ms  p99 {pct(dispatches, 0.99) * 1e3:6.1f} ms;"
-            f"  -> first held response p50 {pct(samples, 0.5) * 1e3:6.1f} ms"
-            f"  p99 {pct(samples, 0.99) * 1e3:6.1f} ms  ({len(samples)} swaps)",
+            f"  {held:>3} held, commit -> first held request received by the member"
+            f" {figures(arrivals)};  -> its serve_start (ledger, 1 ms) {figures(serves)};"
+            f"  client's view {figures(client_view)}  ({len(arrivals)} swaps)",
             flush=True,
         )
     finally:
@@ -316,7 +347,7 @@ async def main() -> None:
             routers, controllers, pools = (int(x) for x in cell.split(","))
             await counts(args, routers, controllers, pools)
     if args.held:
-        print("== wake-up of held requests (swap commit -> first held response headers)")
+        print("== wake-up of held requests (swap commit -> first held request at the member)")
         for held in (int(x) for x in args.held.split(",")):
             await wake_up(args, held)
 
