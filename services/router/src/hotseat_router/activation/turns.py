@@ -8,8 +8,8 @@ reads or writes anything: the first one's question or request body (written from
 of their own by the NATS and HTTP clients) and its new connection would wait for all
 the others' way there, which grows with the number held. Resumed one per turn, in the
 order they came, the loop does its reads and writes between them, so the first dispatch
-goes out first; the last one resumes no later than before, less what the loop did in
-between.
+goes out first. The work is the same; the last one resumes after the first ones' reads
+and writes instead of before them.
 """
 
 from __future__ import annotations
