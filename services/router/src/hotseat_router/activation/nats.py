@@ -79,14 +79,16 @@ SMALL_TIMEOUT_S = 1.0
 @dataclass
 class _PoolSignal:
     generation: int = 0
-    changed: Turns = field(default_factory=Turns)
-    """Opened at the pool's next change: the requests waiting for it resume one per turn
-    of the loop (:mod:`.turns`), the first of them to ask first."""
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set at the pool's next change. The requests waiting for it wake in the same turn
+    of the loop, on purpose: the first one asks and all the others find its flight and
+    follow it, a few steps each. Woken one per turn, those woken after its answer landed
+    would each ask again, for a lease of their own."""
 
     def bump(self) -> None:
         self.generation += 1
-        self.changed.open()
-        self.changed = Turns()
+        self.changed.set()
+        self.changed = asyncio.Event()
 
 
 @dataclass
@@ -362,7 +364,7 @@ class NatsActivationClient:
         self,
         signal: _PoolSignal,
         generation: int,
-        changed: Turns,
+        changed: asyncio.Event,
         deadline: float,
         reply: WaitReply,
     ) -> None:

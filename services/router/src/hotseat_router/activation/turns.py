@@ -1,15 +1,13 @@
 """Many waiters released by one event, resumed one per turn of the event loop.
 
-One event often releases many of a router's requests at once: a pool's state change
-wakes every request held on it, and the answer to the question they share (ADR 0004,
-"one question at a time per member") releases every request that followed it. Woken
-together, each would run its whole way to its own upstream request before the loop
-reads or writes anything: the first one's question or request body (written from a task
-of their own by the NATS and HTTP clients) and its new connection would wait for all
-the others' way there, which grows with the number held. Resumed one per turn, in the
-order they came, the loop does its reads and writes between them, so the first dispatch
-goes out first. The work is the same; the last one resumes after the first ones' reads
-and writes instead of before them.
+The answer to the question a router's requests for a member share (ADR 0004, "one
+question at a time per member") releases every request that followed it at once. Woken
+together, each would run its whole way to its own upstream request before the loop reads
+or writes anything: the first one's request body (which the HTTP client writes from a
+task of its own) and its new connection would wait for all the others' way there, which
+grows with the number held. Resumed one per turn, in the order they came, the loop does
+its reads and writes between them, so the first dispatch goes out first. The work is the
+same; the last one resumes after the first ones' reads and writes instead of before them.
 """
 
 from __future__ import annotations
