@@ -21,7 +21,7 @@ from tests.fault.conftest import MakeFaultStack
 from tests.support.clients import StreamResult, chat, live_stream
 from tests.support.diagnosis import explained
 from tests.support.faultstack import FaultStack
-from tests.support.procs import kill
+from tests.support.procs import frozen, kill
 from tests.support.stack import eventually, pool_stack_config
 
 pytestmark = pytest.mark.fault
@@ -188,6 +188,37 @@ async def test_a_failover_that_lost_the_streams_lease_does_not_cut_it(
             result = await stream
         await _contract_held(stack, result, await held)
         assert set(adopted) == set(lost), "the router's renewal wrote the lost lease back"
+
+
+async def test_a_failover_while_the_resident_does_not_answer_keeps_it_resident(
+    make_stack: MakeFaultStack, sentinel_set: SentinelSet
+) -> None:
+    """judge stops answering (SIGSTOP) under a stream, and the primary fails over: the
+    controllers rebuild the pool without being able to read judge's state. A member that
+    does not answer may hold the GPU and serve under its streams: the rebuilt state names
+    judge the resident (unhealthy), never takes it for gone and never swaps it (loading
+    judge again, and unloading it when that load times out, would cut the stream once
+    judge answers). Once it answers, the stream runs to its end and a Wait request for
+    coder is served after it; nothing is cut."""
+    stack = sentinel_stack(make_stack, sentinel_set)
+    async with explained(stack):
+        await stack.wait_resident("judge", timeout=30)
+        # 20 s of tokens, plus the freeze: the stream outlasts the rebuild.
+        async with live_stream(stack.routers[0].url, "judge", max_tokens=400) as stream:
+            with frozen(stack.sims["judge"]):
+                first = await primary_port(sentinel_set)
+                kill(sentinel_set.primary)
+                await eventually(lambda: _promoted(sentinel_set, first), timeout=30, interval=0.1)
+                stack.controller_redis_url = sentinel_set.replica.url
+                rebuilt = await eventually(
+                    lambda: _state_on(stack, sentinel_set.replica), timeout=60, interval=0.05
+                )
+                assert rebuilt.get("resident") == "judge", rebuilt
+                assert rebuilt.get("unhealthy"), rebuilt
+            await eventually(lambda: _controllers_ready(stack), timeout=30, interval=0.05)
+            held = asyncio.create_task(chat(stack.routers[0].url, "coder", timeout=90))
+            result = await stream
+        await _contract_held(stack, result, await held)
 
 
 async def _fail_over(stack: FaultStack, sentinels: SentinelSet) -> asyncio.Task[httpx.Response]:

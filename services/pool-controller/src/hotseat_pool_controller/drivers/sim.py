@@ -28,6 +28,8 @@ HTTP_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 CONNECT_GRACE_S = 10.0
 CONNECT_RETRY_S = 0.2
 LOADED_STATES = frozenset({"ready", "loading", "unloading"})
+GONE = "gone"
+"""What :meth:`SimDriver._observed` reports when nothing listens at a sim's address."""
 
 
 class SimDriver(CarriesSlotCaches):
@@ -131,13 +133,19 @@ class SimDriver(CarriesSlotCaches):
     async def confirm_gone(self, member: str) -> bool:
         """Gone when nothing listens at its address (the process exited) or the sim reports
         its model unloaded or failed; a sim that does not answer (stalled) is not gone."""
+        state = await self._observed(member)
+        return state in {GONE, "unloaded", "failed"}
+
+    async def _observed(self, member: str) -> str | None:
+        """The sim's state (``/control/state``), :data:`GONE` when nothing listens at its
+        address, ``None`` when it does not answer (stalled, or slow under load)."""
         try:
             state = await self._state(member)
         except httpx.ConnectError:
-            return True
+            return GONE
         except httpx.HTTPError:
-            return False
-        return state.get("state") in {"unloaded", "failed"}
+            return None
+        return str(state.get("state"))
 
     async def is_idle(self, member: str) -> bool:
         try:
@@ -149,15 +157,14 @@ class SimDriver(CarriesSlotCaches):
         return not any(slot.get("is_processing") for slot in slots)
 
     async def residency(self) -> dict[str, bool]:
-        result: dict[str, bool] = {}
-        for member in self._addresses:
-            try:
-                state = await self._state(member)
-            except httpx.HTTPError:
-                result[member] = False
-                continue
-            result[member] = state.get("state") in LOADED_STATES
-        return result
+        """Loaded unless confirmed gone: a sim that does not answer may hold the GPU, and
+        serve under its streams; the rebuild makes it the resident, unhealthy, never takes
+        it for gone on that alone (docs/adr/0005)."""
+        states = await asyncio.gather(*(self._observed(m) for m in self._addresses))
+        return {
+            member: state is None or state in LOADED_STATES
+            for member, state in zip(self._addresses, states, strict=True)
+        }
 
     async def aclose(self) -> None:
         await self._client.aclose()
