@@ -181,6 +181,12 @@ class SimGpu:
         self.reads[swap, member] = self.bypassed.get(member)
         return member not in self.bypassed
 
+    def read_stalled(self, member: str, swap: int) -> None:
+        """A /slots read of a stalled ``member`` on behalf of ``swap``: no answer, and no
+        traffic either (a stalled member serves nothing). Traffic that begins after it,
+        before the unload lands, is the race every read leaves, as after an idle read."""
+        self.reads[swap, member] = None
+
     def accept(self, epoch: int) -> bool:
         if epoch < self.highest_epoch:
             return False
@@ -297,6 +303,8 @@ class GatedDriver:
 
     async def is_idle(self, member: str) -> bool:
         """The member's /slots (a member that stalls does not answer them)."""
+        if member in self.gpu.stalled:
+            self.gpu.read_stalled(member, CURRENT_SWAP.get())
         if member in self.gpu.stalled or member not in self.gpu.loaded:
             raise DriverError(f"{member}: /slots do not answer")
         return self.gpu.read_slots(member, CURRENT_SWAP.get())
@@ -1332,6 +1340,28 @@ def test_a_swap_reads_the_slots_of_every_member_it_unloads(
         m.tick("c1")
         _settle_swaps(m)
         assert "a" in m.gpu.loaded, "a's traffic was cut"
+        m.quiesce()
+
+
+def test_an_unanswered_slots_read_before_an_unload_is_a_read(
+    machine: type[ControllerMachine],
+) -> None:
+    """A resident that stalls with nothing on it is taken for lost (still loaded), and an
+    operator empties the GPU: the swap reads its /slots right before the unload and gets
+    no answer (a member out of service that does not answer is unloaded: that is how it
+    is recovered, decisions/busy.py ``at_work``). It answers again, and a client talks
+    to it directly, before the unload lands: that traffic began after the swap's read,
+    as it can after a read that found a member idle, and the GPU must not take the
+    unload for one of a member whose /slots were never read."""
+    with warm(with_slots(machine)) as m:  # a resident
+        m.resident_stops_answering(crash=False)
+        assert m.snapshot().resident is None, "a stalled idle resident is lost"
+        m.admin_unload("c1")
+        assert [c for c in m.driver.pending if c.member == "a" and c.kind == "unload"]
+        m.resident_answers_again()
+        m.bypass_traffic("a", busy=True)
+        _settle_swaps(m)
+        assert "a" not in m.gpu.loaded
         m.quiesce()
 
 
