@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hotseat.status_cli import format_pools
 from hotseat_common.config.model import BusySignal, PoolActivation
@@ -21,11 +23,13 @@ from hotseat_common.messages import (
 from hotseat_pool_controller.decisions.acquire import decide_acquire
 from hotseat_pool_controller.decisions.admin import decide_admin_swap
 from hotseat_pool_controller.decisions.capacity import (
+    closing_now,
     decide_member_lost,
     eviction_order,
     free_gib,
     make_plan,
 )
+from hotseat_pool_controller.decisions.schedule import closing_for
 from hotseat_pool_controller.decisions.swap import (
     decide_begin_load,
     decide_commit,
@@ -42,6 +46,7 @@ from hotseat_pool_controller.model import (
     Phase,
     PoolPolicy,
     PoolSnapshot,
+    RecordDrainTime,
     SetState,
 )
 from hotseat_pool_controller.view import pool_view
@@ -403,6 +408,8 @@ def test_the_swap_ends_unloading_nothing_when_its_own_read_finds_a_member_at_wor
 # --- maxWait: closing the residents a waiter's plan needs (docs/adr/0008) --------------
 
 MAX_WAIT = replace(POLICY, max_wait_ms=5_000, min_residency_ms=2_000)
+CLOSED_NOW = {"closing": "assistant", "closedat": str(NOW)}
+"""assistant closed now, the pool's first close (its moment kept to measure the drain)."""
 
 
 def waiting_for_coder(waited_ms: int, **fields: object) -> PoolSnapshot:
@@ -427,7 +434,7 @@ def test_max_wait_closes_the_busy_resident_the_waiters_plan_needs() -> None:
     assert decide_tick(waiting_for_coder(4_999), MAX_WAIT, ME).ops == ()
     assert decide_tick(waiting_for_coder(60_000), POLICY, ME).ops == ()  # no maxWait
     d = decide_tick(waiting_for_coder(5_000), MAX_WAIT, ME)
-    assert state_of(d) == {"closing": "assistant"}
+    assert state_of(d) == CLOSED_NOW
     assert d.pre.version == 3
     assert d.swap is None
 
@@ -436,14 +443,104 @@ def test_the_waiter_closes_them_when_it_is_the_first_to_see_the_time_has_come() 
     d = decide_acquire(waiting_for_coder(6_000, attempt_waiting=True), ask("coder"), MAX_WAIT, ME)
     assert isinstance(d.reply, WaitReply)
     assert d.reply.reason == WaitReason.DRAINING
-    assert state_of(d) == {"closing": "assistant"}
+    assert state_of(d) == CLOSED_NOW
 
 
 def test_a_resident_within_its_min_residency_is_not_closed() -> None:
-    young = waiting_for_coder(60_000, loaded={"assistant": NOW - 1_000, "embedder": LONG_AGO})
-    assert decide_tick(young, MAX_WAIT, ME).ops == ()
-    grown = replace(young, loaded={"assistant": NOW - 2_000, "embedder": LONG_AGO})
-    assert state_of(decide_tick(grown, MAX_WAIT, ME)) == {"closing": "assistant"}
+    """A waiter that came after the resident's commit waits for its minResidency (60 s
+    here, longer than maxWait: the operator's choice of dwell over bound)."""
+    dwell = replace(MAX_WAIT, min_residency_ms=60_000)
+    young = waiting_for_coder(6_000, loaded={"assistant": NOW - 10_000, "embedder": LONG_AGO})
+    assert decide_tick(young, dwell, ME).ops == ()
+    grown = replace(young, loaded={"assistant": NOW - 60_000, "embedder": LONG_AGO})
+    assert state_of(decide_tick(grown, dwell, ME)) == CLOSED_NOW
+
+
+def test_a_waiter_in_line_before_the_residents_commit_is_not_held_by_min_residency() -> None:
+    """minResidency keeps a resident from the demand that came after its commit, not from
+    a waiter already in line (docs/adr/0006, as in a one-resident pool): that waiter is
+    bounded by maxWait alone, and the young resident closes for it."""
+    dwell = replace(MAX_WAIT, min_residency_ms=60_000)
+    loaded = {"assistant": NOW - 1_000, "embedder": LONG_AGO}
+    before = waiting_for_coder(6_000, loaded=loaded)
+    assert state_of(decide_tick(before, dwell, ME)) == CLOSED_NOW
+    d = decide_acquire(replace(before, attempt_waiting=True), ask("coder"), dwell, ME)
+    assert state_of(d) == CLOSED_NOW
+    # Its priority ranks a waiter that came later as in line before the commit too.
+    urgent = waiting_for_coder(500, loaded=loaded, urgency={"coder": NOW - 500 - 10_000})
+    assert state_of(decide_tick(urgent, dwell, ME)) == CLOSED_NOW
+
+
+def test_a_new_resident_serves_its_own_waiters_first_unless_the_waiter_ranks_ahead() -> None:
+    """A resident just loaded whose own waiters are re-asking (the waiter grace) is not
+    closed for a waiter that came after them; one that ranks ahead of them (in line
+    first, or of a higher priority) closes it at once."""
+    loaded = {"assistant": NOW - 1_000, "embedder": LONG_AGO}
+    own = {"coder": 1, "assistant": 1}
+    behind = waiting_for_coder(
+        6_000, loaded=loaded, waiters=own, urgency={"coder": NOW - 6_000, "assistant": NOW - 8_000}
+    )
+    assert decide_tick(behind, MAX_WAIT, ME).ops == ()
+    ahead = replace(behind, urgency={"coder": NOW - 6_000, "assistant": NOW - 3_000})
+    assert state_of(decide_tick(ahead, MAX_WAIT, ME)) == CLOSED_NOW
+
+
+def test_a_busy_resident_closes_earlier_by_its_measured_drain() -> None:
+    """The close comes once the waiter's wait plus the expected drain of the members it
+    closes (the longest of their measured drains and request times) reaches maxWait, as
+    in a one-resident pool; another resident's drain, not closed, does not count."""
+    assert decide_tick(waiting_for_coder(3_000), MAX_WAIT, ME).ops == ()
+    slow = waiting_for_coder(3_000, member_request_times={"assistant": (2.5, 0.5)})
+    assert state_of(decide_tick(slow, MAX_WAIT, ME)) == CLOSED_NOW
+    drained = waiting_for_coder(3_000, member_drain_times={"assistant": (2.0,)})
+    assert state_of(decide_tick(drained, MAX_WAIT, ME)) == CLOSED_NOW
+    short = waiting_for_coder(3_000, member_request_times={"assistant": (1.9,)})
+    assert decide_tick(short, MAX_WAIT, ME).ops == ()
+    # embedder (idle, 4 GiB) frees too little alone and is spared: its drain is not waited for.
+    other = waiting_for_coder(3_000, member_request_times={"embedder": (4.0,)})
+    assert decide_tick(other, MAX_WAIT, ME).ops == ()
+    # No maxWait: no estimate closes anything.
+    assert decide_tick(slow, POLICY, ME).ops == ()
+
+
+def _committing_assistant(urgency: dict[str, int]) -> PoolSnapshot:
+    """A plan loads assistant beside the idle embedder; assistant's own request and a
+    coder request (20 GiB: it needs assistant's memory) wait."""
+    return snap(
+        phase=Phase.LOADING,
+        target="assistant",
+        owner=ME,
+        residents=frozenset({"embedder"}),
+        loaded={"embedder": LONG_AGO},
+        used={"embedder": LONG_AGO},
+        waiters={"assistant": 1, "coder": 1},
+        urgency=urgency,
+    )
+
+
+def test_a_plan_commit_closes_its_target_for_a_waiter_that_ranks_ahead_of_its_own() -> None:
+    """A coder request of higher priority that came during assistant's load ranks ahead
+    of the request assistant was loaded for: the commit itself closes assistant (not one
+    of its requests is granted first) and the pool drains toward coder. A coder waiter
+    that ranks behind assistant's own leaves the commit open."""
+    ahead = _committing_assistant({"assistant": NOW - 3_000, "coder": NOW - 1_000 - 10_000})
+    d = decide_commit(ahead, 7, ME, MAX_WAIT)
+    assert d is not None
+    fields = state_of(d)
+    assert (fields["phase"], fields["target"], fields["closing"]) == (
+        "draining",
+        "coder",
+        "assistant",
+    )
+    assert fields["residents"] == "assistant,embedder"
+    behind = _committing_assistant({"assistant": NOW - 8_000, "coder": NOW - 6_000})
+    opened = decide_commit(behind, 7, ME, MAX_WAIT)
+    assert opened is not None
+    assert state_of(opened)["phase"] == "idle"
+    assert "closing" not in state_of(opened)
+    unbounded = decide_commit(ahead, 7, ME, POLICY)  # no maxWait: nothing closes
+    assert unbounded is not None
+    assert "closing" not in state_of(unbounded)
 
 
 def test_pinned_and_default_members_are_never_closed() -> None:
@@ -476,6 +573,7 @@ def test_once_the_closed_resident_drained_the_plan_evicts_it_and_reopens_the_res
         waiters={"coder": 1, "assistant": 2},
         used={"assistant": NOW},
         closing=frozenset({"assistant"}),
+        closed_ms=NOW - 3_000,
     )
     d = decide_tick(s, MAX_WAIT, ME)
     assert d.swap is not None
@@ -483,6 +581,12 @@ def test_once_the_closed_resident_drained_the_plan_evicts_it_and_reopens_the_res
     assert d.swap.evicts == ("assistant",)
     assert state_of(d)["closing"] == ""
     assert set(d.pre.zero_leases) == {"assistant"}
+    # Its drain, from the close to now, is measured with the start, once (the same write
+    # clears the close's moment).
+    assert [op for op in d.ops if isinstance(op, RecordDrainTime)] == [
+        RecordDrainTime("assistant", 3.0)
+    ]
+    assert state_of(d)["closedat"] == ""
 
 
 def test_the_closed_set_opens_when_the_drain_retargets_or_ends() -> None:
@@ -507,7 +611,47 @@ def test_a_more_urgent_waiter_reaches_max_wait_sooner() -> None:
     """Priority moves a waiter's virtual arrival earlier (docs/adr/0006): it counts as
     having waited maxWait sooner, as in a one-resident pool."""
     urgent = waiting_for_coder(1_000, urgency={"coder": NOW - 1_000 - 10_000})
-    assert state_of(decide_tick(urgent, MAX_WAIT, ME)) == {"closing": "assistant"}
+    assert state_of(decide_tick(urgent, MAX_WAIT, ME)) == CLOSED_NOW
+
+
+@given(
+    waited=st.integers(0, 20_000),
+    age=st.integers(0, 20_000),
+    own=st.one_of(st.none(), st.integers(0, 30_000)),
+    drain=st.one_of(st.none(), st.floats(0, 10, allow_nan=False)),
+    dwell=st.integers(0, 20_000),
+)
+def test_a_busy_resident_closes_exactly_when_a_one_resident_pool_would_close_it(
+    waited: int, age: int, own: int | None, drain: float | None, dwell: int
+) -> None:
+    """One judgement for both pools (docs/adr/0006, 0008): a busy member whose memory a
+    waiter needs is closed for it exactly when a one-resident pool would close its busy
+    resident for the same waiter: the same wait and expected drain against maxWait, the
+    same dwell (from its commit) and the same exceptions (a waiter in line before the
+    commit; the requests it was loaded for first, unless the waiter ranks ahead).
+    ``own``: how long ago the resident's own most urgent waiter arrived (None: none)."""
+    policy = replace(MAX_WAIT, min_residency_ms=dwell)
+    waiters = {"coder": 1} | ({"assistant": 1} if own is not None else {})
+    urgency = {"coder": NOW - waited} | ({"assistant": NOW - own} if own is not None else {})
+    times = {"assistant": (drain,)} if drain is not None else {}
+    common: dict[str, object] = {
+        "leases": {"assistant": 1},
+        "waiters": waiters,
+        "urgency": urgency,
+        "member_request_times": times,
+    }
+    one = snap(resident="assistant", committed_ms=NOW - age, **common)
+    # assistant (6 GiB) alone: coder (20 GiB) fits only once it is gone.
+    capacity = snap(
+        residents=frozenset({"assistant"}),
+        loaded={"assistant": NOW - age},
+        used={"assistant": NOW - age},
+        phase=Phase.DRAINING,
+        target="coder",
+        **common,
+    )
+    one_closes = closing_for(one, policy) == "coder"
+    assert (closing_now(capacity, policy, "coder") == {"assistant"}) is one_closes
 
 
 # --- demand in the eviction order (docs/adr/0008) ---------------------------------------

@@ -16,10 +16,12 @@ import httpx
 
 from hotseat.launcher import find_binary, free_port
 from hotseat.status_cli import format_pools
+from hotseat_common.keys import Keys
 from hotseat_common.messages import PoolView
 from hotseat_pool_controller.drivers.processgroup import read_pid_file
 from hotseat_sim.timeline import LedgerEntry, LedgerEvent
-from tests.controller.test_scheduler_e2e import endless_demand
+from tests.controller.test_scheduler_e2e import _waited_ms, endless_demand, swaps_started
+from tests.support.clients import stream_chat
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
 
@@ -87,7 +89,7 @@ def started(stack: Stack, controllers: int = 1) -> Stack:
     return stack
 
 
-async def chat(url: str, model: str, max_tokens: int = 1) -> httpx.Response:
+async def chat(url: str, model: str, max_tokens: int = 1, **headers: str) -> httpx.Response:
     async with httpx.AsyncClient(timeout=90) as client:
         return await client.post(
             f"{url}/v1/chat/completions",
@@ -96,6 +98,7 @@ async def chat(url: str, model: str, max_tokens: int = 1) -> httpx.Response:
                 "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": max_tokens,
             },
+            headers=headers,
         )
 
 
@@ -614,3 +617,171 @@ async def test_max_wait_closes_the_busy_resident_a_waiter_needs(make_stack: Make
     started_events = [e for e in await stack.settled_audit() if e["outcome"] == "swap_started"]
     to_coder = next(e for e in started_events if e["to_member"] == "coder")
     assert (to_coder["reason"], to_coder["evicts"]) == ("evict_idle", "chatty")
+
+
+async def _chatty_closed_since(stack: Stack, arrival: float) -> dict[str, str] | None:
+    """The pool's state once chatty is closed by a close at or after ``arrival`` (ms, store
+    clock; its ``closedat`` is the pool's first close)."""
+    state = await stack.state_hash()
+    at = int(state.get("closedat") or 0)
+    return state if state.get("closing") == "chatty" and at >= arrival else None
+
+
+def _urgency(stack: Stack, member: str) -> str:
+    return Keys(stack.prefix).pool_waiter_urgency("gpu0", member)
+
+
+async def _coder_arrival(stack: Stack) -> float:
+    """A coder request was sent: when its waiter arrived (ms, store clock)."""
+    arrival: float = await eventually(
+        lambda: _waited_ms(stack, _urgency(stack, "coder"), 0), timeout=30
+    )
+    return arrival
+
+
+async def test_a_waiter_in_line_before_a_residents_commit_is_not_held_by_its_min_residency(
+    make_stack: Make,
+) -> None:
+    """small and coder are resident; a chatty stream (10 s) evicts the idle coder and loads
+    chatty (a 3 s load), and a coder request arrives during that load. Once chatty is
+    resident its own demand never stops (the stream, and endless demand beside it).
+    minResidency 60s, maxWait 2s: coder's waiter was in line before chatty's commit, so
+    its maxWait wins over chatty's dwell (docs/adr/0006, as in a one-resident pool):
+    chatty is closed long before its minResidency (read from the store: the close's
+    moment against chatty's commit), drains, and is evicted for coder, which is served
+    (held by the dwell it would be answered 503 at its 30 s budget). chatty's requests
+    held by the close are served after its swap back; small is never unloaded; nothing
+    is cut."""
+    pool = {"maxWait": "2s", "minResidency": "60s", "swapBudget": "30s", "leaseTtl": "15s"}
+    config = capacity_config(
+        {
+            "chatty": {"memoryGiB": 16, "sim": {"loadSeconds": 3.0}},
+            "small": {"memoryGiB": 4},
+            "coder": {"memoryGiB": 16},
+        },
+        pool=pool,
+    )
+    stack = started(make_stack(config))
+    url = stack.routers[0].url
+    for member in ("small", "coder"):
+        assert (await chat(url, member)).status_code == 200
+    await wait_residents(stack, {"small", "coder"})
+
+    async def loading_chatty() -> bool:
+        state = await stack.state_hash()
+        return state.get("phase") in ("unloading", "loading") and state.get("target") == "chatty"
+
+    async with streaming(url, "chatty", tokens=200):
+        await eventually(loading_chatty, timeout=30)
+        waiting = asyncio.create_task(chat(url, "coder"))
+        arrival = await _coder_arrival(stack)
+        assert await loading_chatty(), "coder's waiter came after chatty's commit: no test"
+        # Watched from now: the close may come before the endless demand is established
+        # (its second request is then held until chatty's swap back).
+        closing = asyncio.create_task(
+            eventually(lambda: _chatty_closed_since(stack, arrival), timeout=60)
+        )
+        async with endless_demand(url, "chatty") as statuses:
+            closed = await closing
+            served = await waiting
+            assert (served.status_code, served.headers.get("x-hotseat-backend")) == (200, "coder")
+            await eventually(answered_past(statuses, len(statuses) + 2), timeout=60)
+    assert set(statuses) == {200}, statuses
+    committed = int(closed["loaded.chatty"])
+    assert arrival <= committed, (arrival, committed)  # in line before chatty's commit
+    assert int(closed["closedat"]) - committed < 60_000  # closed within chatty's dwell
+    to_coder = [e for e in await swaps_started(stack) if e["to_member"] == "coder"]
+    assert (to_coder[-1]["reason"], to_coder[-1]["evicts"]) == ("evict_idle", "chatty")
+    ledger = await stack.judged_ledger()
+    assert events(ledger, LedgerEvent.UNLOAD_START, "small") == []
+    await stack.assert_invariants()
+
+
+MAX_WAIT_6S_MS = 6_000
+
+
+async def test_max_wait_closes_a_busy_resident_earlier_by_its_measured_drain(
+    make_stack: Make,
+) -> None:
+    """chatty served one 6 s stream (120 tokens at 20 tokens/s) alone: its router's
+    release tells the controller how long it ran. chatty then serves a 10 s stream and
+    endless demand beside it. A coder request behind it (coder needs chatty's memory)
+    closes chatty before its waiter has waited maxWait (6 s), by the longest of chatty's
+    measured request times and drains, as a one-resident pool's close does (without the
+    estimate the close came at maxWait itself); that drain is then recorded too (from
+    the close to the plan that evicts chatty). The moments are read from the store (its
+    clock): the coder waiter's arrival and the close's. Nothing is cut."""
+    pool = {"maxWait": f"{MAX_WAIT_6S_MS // 1000}s", "minResidency": "0s", "leaseTtl": "15s"}
+    stack = await chatty_and_small_resident(make_stack, pool)
+    url = stack.routers[0].url
+    async with httpx.AsyncClient(timeout=60) as client:
+        alone = await stream_chat(client, url, "chatty", 120)
+    assert (alone.status, alone.done) == (200, True)
+    measured = await eventually(lambda: stack.request_times("chatty"), timeout=30)
+    assert await stack.drain_times("chatty") == []
+    async with streaming(url, "chatty", tokens=200):
+        await serving(stack, "chatty")  # the stream, alone on it
+        async with endless_demand(url, "chatty") as statuses:
+            waiting = asyncio.create_task(chat(url, "coder"))
+            arrival = await _coder_arrival(stack)
+            closed = await eventually(lambda: _chatty_closed_since(stack, arrival), timeout=30)
+            # What the estimate could have been at the close: every time kept by then.
+            kept = await stack.request_times("chatty") + await stack.drain_times("chatty")
+            served = await waiting
+            assert (served.status_code, served.headers.get("x-hotseat-backend")) == (200, "coder")
+            drains = await eventually(lambda: stack.drain_times("chatty"), timeout=30)
+            await eventually(answered_past(statuses, len(statuses) + 2), timeout=60)
+    waited_at_close = int(closed["closedat"]) - int(arrival)
+    assert waited_at_close < MAX_WAIT_6S_MS, (waited_at_close, measured)
+    assert waited_at_close >= MAX_WAIT_6S_MS - round(max(kept) * 1000) - 1, (waited_at_close, kept)
+    assert len(drains) == 1
+    assert set(statuses) == {200}, statuses
+    await stack.assert_invariants()
+
+
+async def test_a_higher_priority_waiter_that_came_during_a_load_closes_it_at_its_commit(
+    make_stack: Make,
+) -> None:
+    """small and coder are resident; a chatty request (priority 0) evicts the idle coder
+    and loads chatty (the test holds the sim's load), and a coder request of priority 5
+    arrives during that load: a load that began finishes, but the plan's commit itself
+    closes chatty (maxWait 2s; minResidency 60s gives way to a waiter in line before the
+    commit) and admits not even the request it was loaded for: coder is swapped back in
+    and served first, and chatty's request, held, is served by its swap back, not by the
+    plan that first loaded chatty. small is never unloaded; nothing is cut."""
+    pool = {"maxWait": "2s", "minResidency": "60s"}
+    config = max_wait_config(pool)
+    for rule in config["rules"]:
+        rule["priorityHeader"] = {"allow": True, "max": 9}
+    stack = started(make_stack(config))
+    url = stack.routers[0].url
+    for member in ("small", "coder"):
+        assert (await chat(url, member)).status_code == 200
+    await wait_residents(stack, {"small", "coder"})
+    await stack.hold_sim("chatty", "loading")
+    low = asyncio.create_task(chat(url, "chatty"))
+
+    async def loading_chatty() -> dict[str, str] | None:
+        state = await stack.state_hash()
+        return state if (state.get("phase"), state.get("target")) == ("loading", "chatty") else None
+
+    first = await eventually(loading_chatty, timeout=30)
+    high = asyncio.create_task(chat(url, "coder", **{"x-hotseat-priority": "5"}))
+    await eventually(lambda: _waited_ms(stack, _urgency(stack, "coder"), 0), timeout=30)
+    await stack.hold_sim("chatty")  # chatty's load ends
+    served_high, served_low = await high, await low
+    assert (served_high.status_code, served_high.headers.get("x-hotseat-backend")) == (
+        200,
+        "coder",
+    ), served_high.text
+    assert (served_low.status_code, served_low.headers.get("x-hotseat-backend")) == (
+        200,
+        "chatty",
+    ), served_low.text
+    assert served_low.headers["x-hotseat-swap-id"] != first["swap"]
+    pool_events = [e for e in await stack.settled_audit() if e["kind"] == "pool"]
+    completed = [e["to_member"] for e in pool_events if e["outcome"] == "swap_completed"]
+    assert completed[-3:] == ["chatty", "coder", "chatty"], completed
+    ledger = await stack.judged_ledger()
+    assert events(ledger, LedgerEvent.UNLOAD_START, "small") == []
+    await stack.assert_invariants()

@@ -29,7 +29,7 @@ has a capacity.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hotseat_common.config.model import PoolActivation
 from hotseat_common.errors import ErrorCode
@@ -57,11 +57,11 @@ from hotseat_pool_controller.decisions.hold import (
     withdraw,
 )
 from hotseat_pool_controller.decisions.schedule import (
+    close_due,
+    may_close,
     most_urgent,
     ranked,
-    resident_long_enough,
     swap_s,
-    waited_max_wait,
 )
 from hotseat_pool_controller.decisions.start import SwapStart, claim, forget_cause
 from hotseat_pool_controller.model import (
@@ -76,10 +76,12 @@ from hotseat_pool_controller.model import (
     PoolPolicy,
     PoolSnapshot,
     Preconditions,
+    RecordDrainTime,
     RevokeLeases,
+    SetState,
     SwapOrder,
 )
-from hotseat_pool_controller.store.codec import mark_loaded, set_state
+from hotseat_pool_controller.store.codec import KEEP, mark_loaded, set_state
 
 EPSILON_GIB = 1e-9
 
@@ -249,25 +251,25 @@ def closing_now(
     snap: PoolSnapshot, policy: PoolPolicy, target: str, slots: SlotsRead = NOT_READ
 ) -> frozenset[str] | None:
     """``maxWait`` (docs/adr/0006, 0008): ``target`` does not fit beside the idle
-    residents, and its most urgent waiter has waited ``maxWait``: the pool closes the
-    residents of the cheapest set that makes room for it, busy ones included (those
-    closed already first, then the idle ones, then the busy ones, each by
-    :func:`eviction_cost`; only as many as needed). A busy member is a candidate once it
-    was resident its ``minResidency``, and not while the waiters it was loaded for are
-    re-asking. Returns the pool's closed set with them, ``None`` when nothing more closes
-    now (no ``maxWait``, not waited long enough, or no set frees enough yet)."""
-    if not waited_max_wait(snap, policy, target):
-        return None
+    residents, and its most urgent waiter's wait plus the expected drain of the members
+    that make room for it reaches ``maxWait`` (``schedule.close_due``, as a one-resident
+    pool's close): the pool closes the residents of the cheapest set that makes room for
+    it, busy ones included (those closed already first, then the idle ones, then the busy
+    ones, each by :func:`eviction_cost`; only as many as needed). A busy member is a
+    candidate as far as its own demand lets it (``schedule.may_close``, from its commit:
+    ``minResidency``, unless the waiter was in line before that commit; not while the
+    waiters it was loaded for re-ask, unless the waiter ranks ahead of them). Returns the
+    pool's closed set with them, ``None`` when nothing more closes now (no ``maxWait``,
+    not due yet, or no set frees enough yet)."""
+    if policy.max_wait_ms is None or not close_due(snap, policy, target, snap.residents):
+        return None  # not even with the longest drain of any resident
 
     def closable(member: str) -> bool:
         if not evictable(policy, member):
             return False
         if member in snap.closing or member_idle(snap, policy, member, slots):
             return True
-        since = snap.loaded.get(member, 0)
-        if snap.live_waiters(member) > 0 and snap.now_ms - since < policy.waiter_grace_ms:
-            return False
-        return resident_long_enough(snap, policy, since)
+        return may_close(snap, policy, target, member, snap.loaded.get(member, 0))
 
     order = sorted(
         (m for m in snap.residents if closable(m)),
@@ -280,7 +282,57 @@ def closing_now(
     chosen = _enough(policy, policy.gib(target), _free_beside_residents(snap, policy), order)
     if chosen is None or set(chosen) <= snap.closing:
         return None
+    if not close_due(snap, policy, target, chosen):
+        return None
     return snap.closing | set(chosen)
+
+
+def close(snap: PoolSnapshot, closing: frozenset[str]) -> SetState:
+    """The pool's closed set becomes ``closing``; the moment of its first close is kept
+    (``closedat``) to measure the drain of each member the plan then evicts (a member
+    closed later is measured from that first close: an overestimate, which only closes it
+    sooner next time)."""
+    return set_state(closing=closing, closed_ms=KEEP if snap.closing else snap.now_ms)
+
+
+def drains(snap: PoolSnapshot, evicts: tuple[str, ...]) -> tuple[Op, ...]:
+    """A plan starts: how long each closed member it evicts took to drain (from the close
+    to now), recorded with the start (a start refused and taken again records nothing
+    twice: the same write clears the closed set)."""
+    if not snap.closed_ms:
+        return ()
+    seconds = max(0, snap.now_ms - snap.closed_ms) / 1000
+    return tuple(RecordDrainTime(m, seconds) for m in evicts if m in snap.closing)
+
+
+def closing_at_commit(snap: PoolSnapshot, policy: PoolPolicy) -> SetState | None:
+    """A plan's commit closes the residents the most urgent absent member needs, the
+    target just loaded among them, when a close is due for it at once (docs/adr/0006: a
+    waiter in line before the commit, or one of a higher priority that came during the
+    load, ranks ahead of the requests the target was loaded for): the pool drains toward
+    it from the commit, so not one of those requests is granted first (they wake at the
+    commit and would take the one-round-trip grant). ``snap``: the pool as it is before
+    the commit; ``None``: the set opens as usual (a later tick or acquire closes what
+    comes due)."""
+    target = snap.target
+    if policy.max_wait_ms is None or target is None or target in snap.evicts:
+        return None
+    after = replace(
+        snap,
+        phase=Phase.IDLE,
+        target=None,
+        also=(),
+        residents=snap.residents | {target},
+        loaded={**snap.loaded, target: snap.now_ms},
+        used={**snap.used, target: snap.now_ms},
+    )
+    demand = most_urgent(after, among=_absent(after, policy))
+    if demand is None or make_plan(after, policy, demand) is not None:
+        return None
+    closing = closing_now(after, policy, demand)
+    if closing is None or target not in closing:
+        return None
+    return set_state(phase=Phase.DRAINING, target=demand, cause=None).merged(close(snap, closing))
 
 
 def read_first(
@@ -325,6 +377,7 @@ def start_plan(
             parked=unload_only and reason == SwapReason.ADMIN_UNLOAD,
             closed=False,
             closing=frozenset(),
+            closed_ms=None if snap.closed_ms else KEEP,
         )
     )
     guard = Preconditions(version=snap.version, zero_leases=plan.evicts)
@@ -347,7 +400,7 @@ def start_plan(
         evicts=plan.evicts,
         swap_id=swap_id,
     )
-    return SwapStart(state, guard, order, audit)
+    return SwapStart(state, guard, order, audit, drains(snap, plan.evicts))
 
 
 # --- acquire ------------------------------------------------------------------------
@@ -402,7 +455,7 @@ def _drain_toward(
     if snap.phase != Phase.DRAINING or snap.target != member:
         also = (set_state(phase=Phase.DRAINING, target=member, cause=ask.request_id),)
     elif (closing := closing_now(snap, policy, member, slots)) is not None:
-        also = (set_state(closing=closing),)
+        also = (close(snap, closing),)
     return hold(snap, ask, policy, WaitReason.DRAINING, target=member, also=also)
 
 
@@ -513,19 +566,14 @@ def decide_capacity_tick(  # noqa: PLR0911 - one move per state of the set
         if snap.phase == Phase.IDLE:
             return Decision(
                 ops=(
-                    set_state(
-                        phase=Phase.DRAINING,
-                        target=demand,
-                        cause=forget_cause(snap),
-                        closing=snap.closing if closing is None else closing,
+                    set_state(phase=Phase.DRAINING, target=demand, cause=forget_cause(snap)).merged(
+                        set_state() if closing is None else close(snap, closing)
                     ),
                 ),
                 pre=Preconditions(version=snap.version),
             )
         if closing is not None:
-            return Decision(
-                ops=(set_state(closing=closing),), pre=Preconditions(version=snap.version)
-            )
+            return Decision(ops=(close(snap, closing),), pre=Preconditions(version=snap.version))
         return NOTHING
     if (warm := _warm(snap, policy, controller, slots)) is not None:
         return warm
@@ -556,12 +604,22 @@ def _retarget(snap: PoolSnapshot, demand: str | None) -> Decision:
     members closed for the old target open again (a new one closes its own)."""
     if demand is not None:
         return Decision(
-            ops=(set_state(target=demand, cause=forget_cause(snap), closing=frozenset()),),
+            ops=(
+                set_state(
+                    target=demand, cause=forget_cause(snap), closing=frozenset(), closed_ms=None
+                ),
+            ),
             pre=Preconditions(version=snap.version),
         )
     return Decision(
         ops=(
-            set_state(phase=Phase.IDLE, target=None, cause=forget_cause(snap), closing=frozenset()),
+            set_state(
+                phase=Phase.IDLE,
+                target=None,
+                cause=forget_cause(snap),
+                closing=frozenset(),
+                closed_ms=None,
+            ),
         ),
         pre=Preconditions(version=snap.version, zero_waiters=(snap.target,) if snap.target else ()),
         audit=(

@@ -6,8 +6,8 @@ them."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
-from hotseat_pool_controller.decisions.busy import just_committed
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
     SERVING,
@@ -132,36 +132,57 @@ def waiting_since_before(snap: PoolSnapshot, member: str, since_ms: int) -> bool
     return snap.urgency.get(member, snap.now_ms) <= since_ms
 
 
+def expected_drain_ms(snap: PoolSnapshot, members: Iterable[str]) -> int:
+    """How long closing ``members`` now is expected to take to drain (ms): the longest of
+    their expected drains (:func:`drain_s`); 0 for none, or none measured."""
+    return round(max((drain_s(snap, m) for m in members), default=0.0) * 1000)
+
+
+def close_due(snap: PoolSnapshot, policy: PoolPolicy, member: str, closing: Iterable[str]) -> bool:
+    """``maxWait`` closes ``closing`` now for ``member``: its most urgent waiter's wait plus
+    their expected drain (:func:`expected_drain_ms`) reaches ``maxWait``, so the drain ends
+    near ``maxWait``, not ``maxWait`` plus the drain (nothing is cut: a drain longer than
+    expected only ends later)."""
+    return waited_max_wait(snap, policy, member, drain_ms=expected_drain_ms(snap, closing))
+
+
+def may_close(
+    snap: PoolSnapshot, policy: PoolPolicy, member: str, resident: str, since_ms: int
+) -> bool:
+    """``resident`` (resident since ``since_ms``: its commit) may be closed for
+    ``member``'s most urgent waiter as far as its own demand goes: it has been resident
+    ``minResidency``, unless that waiter was in line before its commit
+    (:func:`waiting_since_before`: the waiter's deadline wins over the dwell); and the
+    requests it came in for are not re-asking right now (the waiter grace), unless that
+    waiter ranks ahead of them (:func:`ranks_ahead`: a higher priority that came during
+    the load). Shared by the one-resident pool and the capacity pool's closes."""
+    if not resident_long_enough(snap, policy, since_ms) and not waiting_since_before(
+        snap, member, since_ms
+    ):
+        return False
+    # The requests it was swapped in for are re-asking right now: serve them first, or a
+    # pool whose waiters all waited maxWait would swap for ever, serving no one. Unless a
+    # more urgent waiter is in line: then not one of them is admitted, and it goes first.
+    return (
+        snap.live_waiters(resident) == 0
+        or snap.now_ms - since_ms >= policy.waiter_grace_ms
+        or ranks_ahead(snap, member, resident)
+    )
+
+
 def closing_for(snap: PoolSnapshot, policy: PoolPolicy) -> str | None:
     """The member the resident must close for now (``maxWait``): the most urgent other
-    member, once its most urgent waiter's wait plus the resident's expected drain
-    (:func:`drain_s`) reaches ``maxWait`` (so the drain ends near ``maxWait``, not
-    ``maxWait`` plus the drain; nothing is cut, and a drain longer than expected only
-    ends later), the resident has been resident ``minResidency`` (unless that waiter was
-    in line before its commit: :func:`waiting_since_before`) and the requests it came in
-    for have been served (unless that waiter ranks ahead of them: :func:`ranks_ahead`);
-    ``None`` when nothing closes (or it is closed already)."""
+    member, once the close is due (:func:`close_due`: its waiter's wait plus the
+    resident's expected drain reaches ``maxWait``) and the resident's own demand lets it
+    (:func:`may_close`); ``None`` when nothing closes (or it is closed already)."""
     if policy.max_wait_ms is None or snap.closed or snap.phase not in SERVING:
         return None
     member = most_urgent(snap, excluding=snap.resident)
     if member is None or snap.resident is None:
         return None
-    drain_ms = round(drain_s(snap, snap.resident) * 1000)
-    if not waited_max_wait(snap, policy, member, drain_ms=drain_ms):
+    if not close_due(snap, policy, member, (snap.resident,)):
         return None
-    if not resident_long_enough(snap, policy, snap.committed_ms) and not waiting_since_before(
-        snap, member, snap.committed_ms
-    ):
-        return None
-    if (
-        snap.live_waiters(snap.resident) > 0
-        and just_committed(snap, policy)
-        and not ranks_ahead(snap, member, snap.resident)
-    ):
-        # The requests it was swapped in for are re-asking right now: serve them first,
-        # or a pool whose waiters all waited maxWait would swap for ever, serving no one.
-        # Unless a more urgent waiter (a higher priority that came during the load) is
-        # in line: then not one of them is admitted, and it goes first.
+    if not may_close(snap, policy, member, snap.resident, snap.committed_ms):
         return None
     return member
 

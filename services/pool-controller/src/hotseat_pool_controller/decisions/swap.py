@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from hotseat_common.messages import PoolOutcome, RetargetReason
 from hotseat_pool_controller.decisions.capacity import (
+    closing_at_commit,
     commit_ops,
     evicts_left,
     pending_targets,
@@ -214,16 +215,19 @@ def decide_commit(
         # A target that joined the set already (its own commit, beside other loads) had
         # its time recorded then.
         timed = snap.target is not None and snap.target in pending_targets(snap)
+        ended = set_state(
+            phase=Phase.IDLE,
+            target=None,
+            from_member=None,
+            owner=None,
+            forced=False,
+            committed_ms=snap.now_ms,
+        )
+        if (drain := closing_at_commit(snap, policy)) is not None:
+            ended = ended.merged(drain)
         return Decision(
             ops=(
-                set_state(
-                    phase=Phase.IDLE,
-                    target=None,
-                    from_member=None,
-                    owner=None,
-                    forced=False,
-                    committed_ms=snap.now_ms,
-                ),
+                ended,
                 *commit_ops(snap),
                 *((RecordSwapTime(seconds, member=snap.target),) if timed else ()),
             ),
