@@ -581,12 +581,15 @@ def test_once_the_closed_resident_drained_the_plan_evicts_it_and_reopens_the_res
     assert d.swap.evicts == ("assistant",)
     assert state_of(d)["closing"] == ""
     assert set(d.pre.zero_leases) == {"assistant"}
-    # Its drain, from the close to now, is measured with the start, once (the same write
-    # clears the close's moment).
+    # Its drain, from the close to its last lease's release, is measured with the start,
+    # once (the same write clears the close's moment).
     assert [op for op in d.ops if isinstance(op, RecordDrainTime)] == [
         RecordDrainTime("assistant", 3.0)
     ]
     assert state_of(d)["closedat"] == ""
+    # A member idle at the close (its last release before it) drained at once: nothing.
+    idle = replace(s, used={"assistant": NOW - 4_000})
+    assert not [op for op in decide_tick(idle, MAX_WAIT, ME).ops if isinstance(op, RecordDrainTime)]
 
 
 def test_the_closed_set_opens_when_the_drain_retargets_or_ends() -> None:

@@ -289,20 +289,25 @@ def closing_now(
 
 def close(snap: PoolSnapshot, closing: frozenset[str]) -> SetState:
     """The pool's closed set becomes ``closing``; the moment of its first close is kept
-    (``closedat``) to measure the drain of each member the plan then evicts (a member
-    closed later is measured from that first close: an overestimate, which only closes it
-    sooner next time)."""
+    (``closedat``) to measure the drain of each member the plan then evicts (:func:`drains`;
+    a member closed later is measured from that first close: an overestimate, which only
+    closes it sooner next time)."""
     return set_state(closing=closing, closed_ms=KEEP if snap.closing else snap.now_ms)
 
 
 def drains(snap: PoolSnapshot, evicts: tuple[str, ...]) -> tuple[Op, ...]:
-    """A plan starts: how long each closed member it evicts took to drain (from the close
-    to now), recorded with the start (a start refused and taken again records nothing
-    twice: the same write clears the closed set)."""
+    """A plan starts: how long each closed member it evicts that was serving at the close
+    took to drain, from the close to the release of its last lease (``used.<member>``;
+    the plan itself may start later, once the other members drained too); a member idle
+    at the close drained at once and records nothing. Recorded with the start (a start
+    refused and taken again records nothing twice: the same write clears the close)."""
     if not snap.closed_ms:
         return ()
-    seconds = max(0, snap.now_ms - snap.closed_ms) / 1000
-    return tuple(RecordDrainTime(m, seconds) for m in evicts if m in snap.closing)
+    return tuple(
+        RecordDrainTime(m, (snap.used[m] - snap.closed_ms) / 1000)
+        for m in evicts
+        if m in snap.closing and snap.used.get(m, 0) >= snap.closed_ms
+    )
 
 
 def closing_at_commit(snap: PoolSnapshot, policy: PoolPolicy) -> SetState | None:
