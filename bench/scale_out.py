@@ -236,12 +236,19 @@ def pct(values: list[float], q: float) -> float:
 
 async def first_serve(ledger: aioredis.Redis, member: str, since: float) -> float:
     """When ``member`` first began to serve a request at or after ``since`` (the sims'
-    ledger: Redis stream ids, milliseconds of this host's clock)."""
-    timeline = await read_timeline(ledger, Keys(PREFIX), "gpu0")
-    return min(
-        e.time for e in timeline if e.event == "serve_start" and e.member == member
-        and e.time >= since - 0.001
-    )  # fmt: skip
+    ledger: Redis stream ids, milliseconds of this host's clock). The sims write their
+    ledger from a task of their own, so the entry may land after the response: read
+    until it is there."""
+    deadline = time.monotonic() + 10
+    while True:
+        timeline = await read_timeline(ledger, Keys(PREFIX), "gpu0")
+        starts = [
+            e.time for e in timeline if e.event == "serve_start" and e.member == member
+            and e.time >= since - 0.001
+        ]  # fmt: skip
+        if starts or time.monotonic() > deadline:
+            return min(starts)
+        await asyncio.sleep(0.05)  # polling the ledger until the sim's write lands
 
 
 def sim_url(fleet: Fleet, member: str) -> str:
