@@ -30,6 +30,7 @@ Traces (sim loads: planner 1 s, coder 2 s, small 0.5 s, large 2 s):
   Target: members are unloaded once idle and the default comes back.
 
     .venv/bin/python bench/scheduler_trace.py [--trace agents,batch,priority,quiet] [--scale 1]
+        [--policies defaults,scheduler]
 
 Where each class's holds went: those whose ``x-hotseat-swap-id`` names a completed swap
 that loaded their member are split, by the request's send time, its grant and the audit
@@ -38,8 +39,18 @@ swap started ended), the swap's start after it, the swap, and the wake (the swap
 to the grant); and the requests of other members granted after they arrived and before
 their swap started are counted (a closed resident admits none). A request that arrived
 during its swap counts the swap from its arrival; one whose header names another
-member's swap (in its way) is only counted. The moments come from three processes
-(client, router, controller) on one clock: a part may read a few tens of ms off.
+member's swap (in its way) is only counted. A request's grant is the controller's
+answer that granted its lease, as NATS carried it (:mod:`wire_tap`, a process of its
+own beside the controller); a request that asked nothing (its router shared a lease it
+held) counts the latest grant on its member that still lived when it ended, or its send
+time if that is later. Its hold ends at its dispatch instead, which for a request that
+followed another's question comes turns of the router's loop after the grant. The
+moments come from four processes (client, tap, router, controller) on one clock: a part
+may read a few tens of ms off.
+
+The bursts of the ``priority`` trace are each told apart: the resident when it began,
+each member's first question, whether the pool went straight to a swap (which the high
+priority question can retarget) or drained the resident's requests first, and why.
 
 A measurement, not a test: counts (swaps, requests) are what noise cannot move; read the
 times with the machine's load beside them.
@@ -49,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import signal
 import statistics
@@ -69,11 +81,17 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
 import fleet as shared  # noqa: E402
+import wire_tap  # noqa: E402
 from tests.support.audit_trail import event_time, stream_events, urls_flushed  # noqa: E402
 
 from hotseat.launcher import free_port  # noqa: E402
+from hotseat_common.subjects import Subjects  # noqa: E402
 
 FAST = shared.FAST_TIMINGS
+Wire = wire_tap.Message
+RELEASE_SLACK_S = 0.05
+"""How much earlier than a client saw its response end the tap may see its lease's
+release (the router releases as the body ends, before the client has read it)."""
 MEMBERS = {
     "planner": {"loadSeconds": 1.0, "tokensPerSecond": 50, "memoryGiB": 8},
     "coder": {"loadSeconds": 2.0, "tokensPerSecond": 50, "memoryGiB": 20},
@@ -97,10 +115,19 @@ class Done:
     """The swap it was held for (``x-hotseat-swap-id``), if any."""
     ended: float = 0.0
     """When its response ended (Unix seconds)."""
+    request_id: str = ""
+    grant: float | None = None
+    """When the controller granted the lease it ran on (Unix seconds, :func:`grants`), or
+    its arrival for a lease its router held already; ``None``: not seen."""
+    lease_granted: float | None = None
+    """When the lease it ran on was granted (earlier than :attr:`grant` for a lease its
+    router held before it came)."""
 
     @property
     def granted(self) -> float:
-        return self.sent + self.hold_ms / 1000
+        """Its admission: the controller's grant of its lease, else (not seen) its send time
+        and its hold, which also counts its wait for its turn after the grant."""
+        return self.grant if self.grant is not None else self.sent + self.hold_ms / 1000
 
 
 @dataclass
@@ -119,6 +146,11 @@ class Run:
     swap_times: dict[str, tuple[float, float, str]] = field(default_factory=dict)
     """swap id -> (started, completed, member loaded), Unix seconds, from the audit
     trail."""
+    bursts: list[float] = field(default_factory=list)
+    """When each burst of the trace began (Unix seconds), for the traces sent in bursts."""
+    wire: list[Wire] = field(default_factory=list)
+    """The activation traffic on NATS (:mod:`wire_tap`)."""
+    subjects: Subjects = field(default_factory=Subjects)
 
 
 class Fleet:
@@ -228,6 +260,8 @@ class Client:
         self.http = httpx.AsyncClient(timeout=120)
 
     async def request(self, model: str, tokens: int, label: str, **headers: str) -> None:
+        request_id = uuid.uuid4().hex
+        headers = {**headers, "x-hotseat-request-id": request_id}
         sent = time.time()
         body = {
             "model": model,
@@ -239,7 +273,9 @@ class Client:
         )
         hold = float(response.headers.get("x-hotseat-hold-ms", "nan"))
         swap_id = response.headers.get("x-hotseat-swap-id")
-        done = Done(model, label, response.status_code, hold, sent, swap_id, time.time())
+        done = Done(
+            model, label, response.status_code, hold, sent, swap_id, time.time(), request_id
+        )
         self.run.done.append(done)
 
 
@@ -284,6 +320,7 @@ async def priority(client: Client, scale: float) -> None:
 
     for _ in range(round(6 * scale)):
         started = time.monotonic()
+        client.run.bursts.append(time.time())
         await burst()
         await asyncio.sleep(max(0.0, 3.0 - (time.monotonic() - started)))
 
@@ -343,7 +380,12 @@ async def replay(fleet: Fleet, name: str, policy: str, scale: float) -> Run:
         pool.update(trace["scheduler"])
     rules = rules_for(trace["members"], trace.get("rules", {}) if policy == "scheduler" else {})
     fleet.start(trace["members"], pool, rules)
-    run = Run(name, policy)
+    run = Run(name, policy, subjects=Subjects(fleet.prefix))
+    tapped = fleet.workdir / f"wire-{fleet.prefix}.jsonl"
+    on = run.subjects
+    # The questions, the pool events, and the answers on the routers' inboxes (_INBOX.>).
+    wire = [on.acquire, on.release, on.cancel, on.pool_events_all, "_INBOX.>"]
+    tap = wire_tap.Tap.start(fleet.infra.nats.url, wire, tapped)
     try:
         await fleet.wait_known()
         client = Client(fleet.router_url, run)
@@ -357,8 +399,45 @@ async def replay(fleet: Fleet, name: str, policy: str, scale: float) -> Run:
         run.resident_at_end = (await fleet.pool())["resident"]
         run.swap_times = await fleet.swap_moments()
     finally:
+        tap.stop()
         fleet.stop()
+    run.wire = tap.read()
+    grants(run)
     return run
+
+
+def grants(run: Run) -> None:
+    """Each request's grant (:attr:`Done.grant`) from the tapped traffic: the controller's
+    answer that granted its own question; for a request that asked nothing (its router
+    shared a lease it held: one granted to another request's question, which it followed,
+    or one held before it came), the latest grant on its member that still lived when it
+    ended, or its send time if that is later. Its hold (``x-hotseat-hold-ms``) ends at its
+    dispatch instead, a few turns of the router's loop after the grant for the requests
+    that followed another's question (docs/adr/0004)."""
+    acquire, release = run.subjects.acquire, run.subjects.release
+    questions = {m.reply: m for m in run.wire if m.subject == acquire and m.reply}
+    own: dict[str, float] = {}
+    leases: dict[str, list[tuple[float, str]]] = defaultdict(list)  # member -> (t, lease)
+    for m in run.wire:
+        question = questions.get(m.subject)
+        if question is not None and m.data.get("status") == "granted":
+            own[question.data["request_id"]] = m.t
+            leases[question.data["member"]].append((m.t, m.data["lease_id"]))
+    released = {m.data["lease_id"]: m.t for m in run.wire if m.subject == release}
+    for d in run.done:
+        if d.request_id in own:
+            d.grant = d.lease_granted = own[d.request_id]
+            continue
+        # Released after it ended (the router releases once its last request ends; the
+        # tap may see the release a little before the client sees the end).
+        live = [
+            t
+            for t, lease in leases[d.member]
+            if t <= d.ended and released.get(lease, math.inf) >= d.ended - RELEASE_SLACK_S
+        ]
+        if live:
+            d.lease_granted = max(live)
+            d.grant = max(d.lease_granted, d.sent)
 
 
 # --- report -----------------------------------------------------------------------------
@@ -402,6 +481,7 @@ def report(run: Run) -> None:
             f"  p99 {pct(holds, 99):8.0f}  max {max(holds):8.0f}  mean {mean:8.0f}"
         )
         report_parts(run, done)
+    report_bursts(run)
 
 
 @dataclass
@@ -469,6 +549,71 @@ def report_parts(run: Run, held: list[Done]) -> None:
     )
 
 
+def report_bursts(run: Run) -> None:
+    """For a trace sent in bursts, how each began, from the tapped traffic (ms from the
+    burst's first send): the resident then, each member's first question, how long the
+    controller took to answer the first, when the resident's first request of the burst
+    was granted (``held``: on a lease its router still held from the burst before),
+    whether the pool went straight to a swap (``unloading``, which a high priority
+    question can still retarget) or drained the resident first, and the longest high
+    hold. Then the bursts after the first counted by how they began: a drain is the
+    resident's requests admitted first, because they asked first, because their router
+    still held its lease, or because they asked just after another member's question
+    and their one-round-trip grant was answered before that question's decision."""
+    if not run.bursts:
+        return
+    events = [m for m in run.wire if m.subject.startswith(run.subjects.pool_events_all[:-1])]
+    questions = [m for m in run.wire if m.subject == run.subjects.acquire]
+    ends = [*run.bursts[1:], math.inf]
+    kinds: dict[str, list[float]] = defaultdict(list)
+    for index, (begin, end) in enumerate(zip(run.bursts, ends, strict=True)):
+        before = [e for e in events if e.t < begin]
+        resident = before[-1].data.get("resident") if before else None
+        firsts: dict[str, Wire] = {}
+        for q in questions:
+            if begin <= q.t < end:
+                firsts.setdefault(q.data["member"], q)
+        asked = ", ".join(f"{m} {ms(q.t, begin)}" for m, q in firsts.items())
+        opening = next(iter(firsts.values()), None)
+        answer = next((m for m in run.wire if opening and m.subject == opening.reply), None)
+        took = f"{1000 * (answer.t - opening.t):.1f}" if answer and opening else "-"
+        own = [d for d in run.done if d.member == resident and begin <= d.sent < end]
+        leased = [d for d in own if d.grant is not None]
+        earliest = min(leased, key=lambda d: d.grant or 0.0, default=None)
+        held = earliest is not None and (earliest.lease_granted or begin) < begin
+        granted = "-"
+        if earliest is not None and earliest.grant is not None:
+            granted = f"{ms(earliest.grant, begin)}{' held' if held else ''}"
+        first = next((e for e in events if begin <= e.t < end and e.data["phase"] != "idle"), None)
+        way = f"{first.data['phase']}>{first.data.get('target')}" if first else "-"
+        holds = [d.hold_ms for d in run.done if d.label == "high" and begin <= d.sent < end]
+        print(
+            f"      burst {index + 1}: {resident} resident; asked {asked} (first answered in"
+            f" {took} ms); {resident} granted {granted}; then {way};"
+            f" high hold max {max(holds, default=0):.0f}"
+        )
+        if index == 0:
+            continue
+        if first is not None and first.data["phase"] == "unloading":
+            kinds["straight to a swap"].append(0.0)
+        elif held:
+            kinds["drained: the resident's lease still held"].append(0.0)
+        elif opening is None or resident not in firsts or opening.data["member"] == resident:
+            kinds["drained: the resident asked first"].append(0.0)
+        else:
+            gap = 1000 * (firsts[resident].t - opening.t)
+            kinds["drained: the resident asked after another member, granted first"].append(gap)
+    summary = "; ".join(
+        f"{k} {len(v)}" + (f" (asked {max(v):.1f} ms after it at most)" if max(v) else "")
+        for k, v in sorted(kinds.items())
+    )
+    print(f"      bursts 2 to {len(run.bursts)}: {summary}")
+
+
+def ms(t: float, begin: float) -> str:
+    return f"{1000 * (t - begin):+.0f}"
+
+
 async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="hotseat-trace-") as tmp:
         workdir = Path(tmp)
@@ -476,7 +621,7 @@ async def main_async(args: argparse.Namespace) -> None:
         try:
             for name in args.trace.split(","):
                 print(f"\ntrace {name}:", flush=True)
-                for policy in ("defaults", "scheduler"):
+                for policy in args.policies.split(","):
                     fleet = Fleet(workdir, infra)
                     report(await replay(fleet, name, policy, args.scale))
         finally:
@@ -489,6 +634,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", default=",".join(TRACES))
     parser.add_argument("--scale", type=float, default=1.0, help="length of each trace")
+    parser.add_argument(
+        "--policies", default="defaults,scheduler", help="defaults, scheduler, or both"
+    )
     args = parser.parse_args()
     print(f"load average at the start {os.getloadavg()[0]:.1f}")
     asyncio.run(main_async(args))
