@@ -4,6 +4,9 @@ everything queued before it returns (the router's SIGTERM drain)."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
 
@@ -19,7 +22,7 @@ from hotseat_common.subjects import Subjects
 
 
 async def _setup(
-    nc: NatsClient, prefix: str, **kwargs: int
+    nc: NatsClient, prefix: str, **kwargs: Any
 ) -> tuple[AuditPublisher, AuditPublishMetrics, str]:
     subjects = Subjects(prefix)
     stream = f"AUDIT_{prefix}"
@@ -80,3 +83,24 @@ async def test_close_publishes_everything_queued_first(nc: NatsClient, prefix: s
     await publisher.close(30)
     assert metrics.dropped._value.get() == 0
     assert sorted(await _stored_ids(nc, stream, prefix)) == sorted(ids)
+
+
+async def test_events_that_come_one_at_a_time_are_published_together(
+    nc: NatsClient, prefix: str
+) -> None:
+    """Events emitted on separate event-loop turns within the linger (a router's requests
+    ending one by one) go out in one batch: one socket write and one wait for their acks,
+    not one per event."""
+    publisher, metrics, stream = await _setup(nc, prefix, linger=2.0)
+    publisher.start()
+    try:
+        ids: set[str] = set()
+        for _ in range(50):
+            ids |= _emit(publisher, 1)
+            await asyncio.sleep(0)
+        assert await publisher.flush(60), "the events were never acknowledged"
+    finally:
+        await publisher.close(5)
+    assert sorted(await _stored_ids(nc, stream, prefix)) == sorted(ids)
+    assert metrics.published._value.get() == 50
+    assert metrics.batches._value.get() == 1

@@ -3,10 +3,12 @@
 Publishing never blocks a request: an event is encoded and appended to a bounded buffer,
 and a background task publishes what the buffer holds in batches: every event of a batch
 goes out at once (``Nats-Msg-Id`` = event id, each with its own publish ack), then the
-task waits for the batch's acks together. An event stays in the publisher until
-JetStream acknowledged it; one whose ack did not come is published again under the same
-id (the stream's de-dup window makes the retry harmless). When the buffer is full an
-event is dropped, counted and logged, never silently lost.
+task waits for the batch's acks together. A batch is taken ``linger`` seconds after
+the first event of it arrived (unless a full batch is already waiting), so that under
+load one socket write carries many events instead of one or two. An event stays in
+the publisher until JetStream acknowledged it; one whose ack did not come is published
+again under the same id (the stream's de-dup window makes the retry harmless). When the
+buffer is full an event is dropped, counted and logged, never silently lost.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ PUBLISH_TIMEOUT = 2.0
 RETRY_BACKOFF_MAX = 2.0
 MAX_BATCH = 256
 """At most this many events are published before their acks are awaited."""
+LINGER_S = 0.01
+"""How long the publisher lets events gather before it takes a batch: at most this much
+later in the stream, for a tenth to a twentieth of the socket writes at a router's
+thousands of requests a second (docs/benchmarks.md, Router)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +93,14 @@ class AuditPublisher:
         *,
         max_buffer: int = 10_000,
         max_batch: int = MAX_BATCH,
+        linger: float = LINGER_S,
     ) -> None:
         self._js = js
         self._subjects = subjects
         self._metrics = metrics
         self._max_buffer = max_buffer
         self._max_batch = max_batch
+        self._linger = linger
         self._buffer: deque[_Pending] = deque()
         self._in_flight = 0
         """Events taken from the buffer whose acks the task still waits for."""
@@ -133,6 +141,8 @@ class AuditPublisher:
                 self._idle.set()
                 self._ready.clear()
                 await self._ready.wait()
+            if self._linger > 0 and len(buffer) < self._max_batch:
+                await asyncio.sleep(self._linger)
             take = min(len(buffer), self._max_batch)
             batch = [buffer.popleft() for _ in range(take)]
             self._in_flight = take
@@ -169,6 +179,7 @@ class AuditPublisher:
         except (NatsError, OSError) as exc:
             log.warning("audit_publish_failed", error=type(exc).__name__)
         if futures:
+            self._metrics.batches.inc()
             await asyncio.wait(futures, timeout=PUBLISH_TIMEOUT)
         failed = []
         acked = 0

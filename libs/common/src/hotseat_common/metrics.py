@@ -6,10 +6,32 @@ Each service creates its metric set in its lifespan with its own
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+
+Metric = TypeVar("Metric", Counter, Gauge, Histogram)
+
+
+class Series(Generic[Metric]):
+    """A labelled metric's series, each looked up once (``series(*labels)``) where a
+    request's path would otherwise ask prometheus-client for it every time. For labels
+    the config bounds (router, rule, backend, API key): the cache grows no larger."""
+
+    __slots__ = ("_metric", "_series")
+
+    def __init__(self, metric: Metric) -> None:
+        self._metric: Metric = metric
+        self._series: dict[tuple[str, ...], Metric] = {}
+
+    def __call__(self, *labels: str) -> Metric:
+        found = self._series.get(labels)
+        if found is None:
+            found = self._series[labels] = self._metric.labels(*labels)
+        return found
 
 
 class AuditPublishMetrics:
@@ -30,6 +52,11 @@ class AuditPublishMetrics:
         self.published = Counter(
             "hotseat_audit_events_published_total",
             "Audit events acknowledged by JetStream.",
+            registry=registry,
+        )
+        self.batches = Counter(
+            "hotseat_audit_publish_batches_total",
+            "Batches of audit events published (their events' acks awaited together).",
             registry=registry,
         )
 
