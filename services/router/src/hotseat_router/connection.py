@@ -15,6 +15,10 @@ client may make the router hold before a request reaches the app.
   for ``write_timeout`` seconds) is dropped: the connection is aborted, which the app
   sees as the client leaving (the upstream request is cancelled, the lease released).
 
+What a connection writes in one event-loop turn goes out as one socket write
+(:class:`_Coalescing`): a response's head and a body already at hand, a stream's last
+chunk and its terminator, are one segment and one system call, not two.
+
 Every such answer has the OpenAI error body and an ``x-hotseat-request-id``; none of
 them reaches the app, so none is audited (there is no request to audit).
 
@@ -64,6 +68,63 @@ class ConnectionLimits:
 LINGER_S = 2.0
 """How long a connection closed early keeps reading (and discarding) what the client
 still sends, so that its answer is read before the socket goes."""
+
+
+COALESCE_MAX = 64 * 1024
+"""Held writes past this many bytes go out at once, without waiting for the turn's end."""
+
+
+class _Coalescing:
+    """The connection's transport, with the writes of one event-loop turn joined into one:
+    the first write of a turn schedules the flush (``call_soon``), the others join it.
+    Everything that ends or shuts the connection flushes first, so bytes keep their order
+    and none is lost; an abort drops them, as it drops the transport's own buffer."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+        self._size = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._held:
+            self._loop.call_soon(self.flush)
+        self._held.append(bytes(data) if type(data) is not bytes else data)
+        self._size += len(data)
+        if self._size >= COALESCE_MAX:
+            self.flush()
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
+
+    def flush(self) -> None:
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        self._size = 0
+        if not self._transport.is_closing():
+            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + self._size
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held = []
+        self._size = 0
+        self._transport.abort()
 
 
 class _Lingering:
@@ -138,6 +199,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.transport = _Coalescing(transport, self.loop)  # type: ignore[assignment]
         if len(self.connections) > self._limits.max_connections:
             log.debug("connection_refused", reason="too_many_connections")
             self.app = _too_many_connections
