@@ -15,7 +15,7 @@ from prometheus_client import Counter, Histogram
 
 from hotseat_common.audit_stream import AuditPublisher
 from hotseat_common.messages.audit import PoolOutcome, RequestOutcome, encode_event, pool_event
-from hotseat_common.metrics import RouterMetrics
+from hotseat_common.metrics import RouterMetrics, Series
 from hotseat_router.access_log import access_line
 from hotseat_router.context import RequestContext
 from hotseat_router.matching import DEFAULT_ROUTE
@@ -34,6 +34,7 @@ class RequestAudit:
         self._metrics = metrics
         self._router = router
         self._access_log = access_log
+        self._tokens = Series(metrics.tokens)
         self._series: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
         """The request counter and duration histogram of each (rule, backend, outcome)
         seen, looked up once (their number is bounded by the config)."""
@@ -65,10 +66,9 @@ class RequestAudit:
         series[1].observe(elapsed)
         usage = ctx.usage
         if usage is not None:
-            tokens = self._metrics.tokens
             labels = (self._router, rule_label, ctx.backend or "", ctx.api_key or "")
-            tokens.labels(*labels, "prompt").inc(usage.prompt_tokens)
-            tokens.labels(*labels, "completion").inc(usage.completion_tokens)
+            self._tokens(*labels, "prompt").inc(usage.prompt_tokens)
+            self._tokens(*labels, "completion").inc(usage.completion_tokens)
         event_id, data = encode_event(
             "request",
             outcome.value,

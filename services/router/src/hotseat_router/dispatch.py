@@ -41,7 +41,7 @@ from hotseat_common.errors import (
 from hotseat_common.headers import SESSION
 from hotseat_common.logging import get_logger
 from hotseat_common.messages import WaitReply
-from hotseat_common.metrics import RouterMetrics
+from hotseat_common.metrics import RouterMetrics, Series
 from hotseat_common.tracing import NO_TRACING, Kind, Tracing
 from hotseat_router.activation.protocol import (
     ActivationClient,
@@ -131,6 +131,7 @@ class Dispatcher:
         self._activation = activation
         self._audit = audit
         self._metrics = metrics
+        self._attempts = Series(metrics.upstream_attempts)
         self._router = router
         self._bearers = bearers
 
@@ -453,14 +454,14 @@ class Dispatcher:
         headers = upstream_request_headers(
             out.headers, request_id=ctx.request_id, bearer=self._bearers.get(backend.name)
         )
-        attempts = self._metrics.upstream_attempts
+        attempts = self._attempts
         try:
             async with asyncio.timeout(min(attempt_s, remaining)):
                 response = await self._upstream.send(
                     backend.address + out.path, headers=headers, body=body
                 )
         except TimeoutError as exc:
-            attempts.labels(self._router, backend.name, "timeout").inc()
+            attempts(self._router, backend.name, "timeout").inc()
             if remaining < attempt_s:
                 raise DeadlineExceeded(
                     "the request deadline passed before a backend answered"
@@ -469,18 +470,18 @@ class Dispatcher:
             await _failed(attempt, "timeout")
             return None
         except UpstreamConnectError as exc:
-            attempts.labels(self._router, backend.name, "connect").inc()
+            attempts(self._router, backend.name, "connect").inc()
             log.warning("upstream_unreachable", backend=backend.name, error=str(exc))
             await _failed(attempt, "connect")
             return None
         if response.status >= 500:
-            attempts.labels(self._router, backend.name, "http_5xx").inc()
+            attempts(self._router, backend.name, "http_5xx").inc()
             response.close()
             log.warning("upstream_5xx", backend=backend.name, status=response.status)
             await _failed(attempt, None)
             return None
         result = "ok" if response.status < 400 else "http_4xx"
-        attempts.labels(self._router, backend.name, result).inc()
+        attempts(self._router, backend.name, result).inc()
         return response
 
 

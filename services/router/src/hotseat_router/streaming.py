@@ -19,7 +19,7 @@ from http import HTTPStatus
 
 from hotseat_common.errors import ErrorCode
 from hotseat_common.messages.audit import RequestOutcome
-from hotseat_common.metrics import RouterMetrics
+from hotseat_common.metrics import RouterMetrics, Series
 from hotseat_router.asgi import Send
 from hotseat_router.audit import RequestAudit
 from hotseat_router.context import RequestContext
@@ -58,7 +58,7 @@ class Relay:
         idle_timeout: float,
     ) -> None:
         self._audit = audit
-        self._metrics = metrics
+        self._time_to_first_byte = Series(metrics.time_to_first_byte)
         self._router = router
         self._idle = idle_timeout
 
@@ -66,7 +66,7 @@ class Relay:
         response = dispatched.response
         backend = dispatched.backend
         ctx.answered_by(backend, response.status)
-        self._metrics.time_to_first_byte.labels(self._router, backend.name).observe(ctx.elapsed())
+        self._time_to_first_byte(self._router, backend.name).observe(ctx.elapsed())
         scope = dispatched.lease
         lease_watch = (
             ctx.watch_lease(scope.lease.lost)
