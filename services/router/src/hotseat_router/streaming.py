@@ -130,13 +130,9 @@ class Relay:
                 }
             )
         while True:
-            try:
-                async with asyncio.timeout(self._idle):
-                    chunk = await response.chunk()
-            except TimeoutError:
-                return ErrorCode.STREAM_IDLE_TIMEOUT
-            except UpstreamBodyError:
-                return ErrorCode.UPSTREAM_BODY_ERROR
+            chunk = await self._next(response)
+            if isinstance(chunk, ErrorCode):
+                return chunk
             if lease is not None and lease.expired():
                 return (
                     ErrorCode.LEASE_LOST
@@ -151,6 +147,21 @@ class Relay:
                 return None
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
+    async def _next(self, response: UpstreamResponse) -> bytes | ErrorCode:
+        """The body's next piece (``b""`` at its end), or why none came in time. What
+        already came is taken without arming the idle timer (a small body usually came
+        whole with its head)."""
+        try:
+            chunk = response.chunk_at_hand()
+            if chunk is None:
+                async with asyncio.timeout(self._idle):
+                    chunk = await response.chunk()
+        except TimeoutError:
+            return ErrorCode.STREAM_IDLE_TIMEOUT
+        except UpstreamBodyError:
+            return ErrorCode.UPSTREAM_BODY_ERROR
+        return chunk
+
     async def _as_last_event(
         self, ctx: RequestContext, response: UpstreamResponse, held: HeldStream
     ) -> ErrorCode | None:
@@ -158,13 +169,9 @@ class Relay:
         event (it is small: an error, or a stream the upstream refused to make)."""
         pieces: list[bytes] = []
         while True:
-            try:
-                async with asyncio.timeout(self._idle):
-                    chunk = await response.chunk()
-            except TimeoutError:
-                return ErrorCode.STREAM_IDLE_TIMEOUT
-            except UpstreamBodyError:
-                return ErrorCode.UPSTREAM_BODY_ERROR
+            chunk = await self._next(response)
+            if isinstance(chunk, ErrorCode):
+                return chunk
             if not chunk:
                 break
             pieces.append(chunk)

@@ -91,6 +91,20 @@ class UpstreamResponse:
             self._remaining -= len(data)
         return data
 
+    def chunk_at_hand(self) -> bytes | None:
+        """What :meth:`chunk` would return at once, without waiting: the body received so
+        far (``b""`` at its end); ``None`` when nothing came yet (then await :meth:`chunk`)."""
+        content = self._response.content
+        try:
+            data = content.read_nowait()  # raises what broke the body, as chunk() does
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamBodyError(str(exc) or type(exc).__name__) from exc
+        if not data:
+            return b"" if content.at_eof() else None
+        if self._remaining > 0:
+            self._remaining -= len(data)
+        return data
+
     def close(self) -> None:
         """Return the connection to the pool when the body was read, else drop it."""
         if self._response.content.at_eof() or self._remaining == 0:
