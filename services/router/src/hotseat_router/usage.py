@@ -88,13 +88,12 @@ def _object_after(text: bytes, start: int) -> bytes | None:
         i += 1
     if i >= len(text) or text[i] != ord("{"):
         return None
+    # Closing brace by closing brace (at C speed), counting the openings before each.
     depth = 0
-    for j in range(i, len(text)):
-        byte = text[j]
-        if byte == ord("{"):
-            depth += 1
-        elif byte == ord("}"):
-            depth -= 1
-            if depth == 0:
-                return text[i : j + 1]
+    j = i
+    while (close := text.find(b"}", j)) >= 0:
+        depth += text.count(b"{", j, close) - 1
+        if depth == 0:
+            return text[i : close + 1]
+        j = close + 1
     return None
