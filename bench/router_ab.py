@@ -16,6 +16,7 @@ nats-server on core 1. This is a measurement, not a test.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import shutil
 import statistics
@@ -92,11 +93,20 @@ def start_router(
     return proc
 
 
+def writes(pid: int) -> int:
+    """Write system calls (write, writev) ``pid`` made so far: a count noise cannot move."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("syscw:"):
+            return int(line.split()[1])
+    return 0
+
+
 def point(
     proc: Managed, args: argparse.Namespace, workdir: Path, *, stream: bool, connections: int
-) -> tuple[float, float, float, float]:
-    """CPU µs per request, req/s, p50 and p99 (ms) of one wrk run against ``proc``."""
-    before = cpu_seconds(proc.pid)
+) -> tuple[float, float, float, float, float]:
+    """CPU µs per request, req/s, p50 and p99 (ms) of one wrk run against ``proc``, and
+    its write system calls per request."""
+    before, wrote = cpu_seconds(proc.pid), writes(proc.pid)
     result = wrk(
         proc.url + "/v1/chat/completions",
         connections=connections,
@@ -106,13 +116,9 @@ def point(
     )
     if result.errors:
         sys.exit(f"{proc.name}: {result.errors} errors: {proc.log_text()[-2000:]}")
-    used = cpu_seconds(proc.pid) - before
-    return (
-        used / max(result.rps * args.duration, 1) * 1e6,
-        result.rps,
-        result.p50_ms,
-        result.p99_ms,
-    )
+    used, wrote = cpu_seconds(proc.pid) - before, writes(proc.pid) - wrote
+    requests = max(result.rps * args.duration, 1)
+    return used / requests * 1e6, result.rps, result.p50_ms, result.p99_ms, wrote / requests
 
 
 def profile(proc: Managed, args: argparse.Namespace, workdir: Path, out: Path) -> None:
@@ -182,6 +188,11 @@ def main() -> int:
     parser.add_argument("--connections", default="8,64")
     parser.add_argument("--modes", default="plain,stream")
     parser.add_argument("--vllm-router", default=shutil.which("vllm-router"))
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="load A and B at the same time (both see the same noise) instead of in turn",
+    )
     parser.add_argument("--profile", type=Path, help="write py-spy profiles here instead")
     parser.add_argument("--profile-stream", action="store_true")
     parser.add_argument("--top", type=int, default=60)
@@ -232,6 +243,8 @@ def main() -> int:
             if args.vllm_router:
                 targets["vllm-router"] = start_vllm_router(args.vllm_router, upstream, workdir)
                 procs.append(targets["vllm-router"])
+            for name in targets:
+                (workdir / name).mkdir()
             for proc in targets.values():  # warm-up: connections, code paths, caches
                 for stream in modes:
                     wrk(
@@ -247,6 +260,7 @@ def main() -> int:
                     profile(targets[name], args, workdir, args.profile / f"{name}.txt")
                 return 0
             cpu: dict[tuple[str, bool, int], list[float]] = defaultdict(list)
+            syscalls: dict[tuple[str, bool, int], list[float]] = defaultdict(list)
             print(
                 f"A = {args.baseline}, B = {args.candidate or 'working tree'};"
                 f" {args.duration}s per point"
@@ -255,15 +269,29 @@ def main() -> int:
                 order = list(targets) if n % 2 == 0 else ["B", "A", *list(targets)[2:]]
                 for stream in modes:
                     for c in connections:
+                        if args.together:
+                            with concurrent.futures.ThreadPoolExecutor(len(order)) as pool:
+                                at_once = {
+                                    name: pool.submit(
+                                        point, targets[name], args, workdir / name,
+                                        stream=stream, connections=c,
+                                    )
+                                    for name in order
+                                }  # fmt: skip
                         for name in order:
-                            us, rps, p50, p99 = point(
-                                targets[name], args, workdir, stream=stream, connections=c
-                            )
+                            if args.together:
+                                us, rps, p50, p99, wr = at_once[name].result()
+                            else:
+                                us, rps, p50, p99, wr = point(
+                                    targets[name], args, workdir, stream=stream, connections=c
+                                )
                             cpu[name, stream, c].append(us)
+                            syscalls[name, stream, c].append(wr)
                             print(
                                 f"  round {n + 1} {name:<11} {'stream' if stream else 'plain':<6}"
                                 f" c={c:<3} {us:6.0f} us/req {rps:7.0f} req/s"
-                                f"  p50 {p50:6.2f} ms  p99 {p99:7.2f} ms",
+                                f"  p50 {p50:6.2f} ms  p99 {p99:7.2f} ms"
+                                f"  {wr:5.2f} writes/req",
                                 flush=True,
                             )
             print("\nmedians (CPU µs per request) and B against A, per round:")
@@ -278,6 +306,8 @@ def main() -> int:
                         f"  B/A {statistics.median(ratio):5.2f}"
                         f" (rounds {', '.join(f'{r:.2f}' for r in ratio)})"
                         f"  saved {statistics.median(saved):5.0f} us/req"
+                        f"  writes/req A {statistics.median(syscalls['A', stream, c]):4.2f}"
+                        f" B {statistics.median(syscalls['B', stream, c]):4.2f}"
                     )
                     if ("vllm-router", stream, c) in cpu:
                         v = cpu["vllm-router", stream, c]
