@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import os
 import shutil
 import statistics
@@ -26,18 +27,16 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from router_bench import (  # noqa: E402
-    LOAD_CORE,
     PROXY_CORE,
     cpu_seconds,
+    fast_stack,
     start_vllm_router,
-    wait_ready,
+    stop_all,
     wrk,
 )
 
@@ -46,7 +45,6 @@ from hotseat.launcher import (  # noqa: E402
     find_binary,
     free_port,
     spawn,
-    start_nats,
     wait_for_http,
 )
 
@@ -206,35 +204,8 @@ def main() -> int:
         baseline = checkout(args.baseline, workdir / "baseline")
         candidate = checkout(args.candidate, workdir / "candidate") if args.candidate else None
         procs: list[Managed] = []
-        upstream_port = free_port()
-        node = subprocess.Popen(
-            [
-                "taskset",
-                "-c",
-                LOAD_CORE,
-                "node",
-                str(ROOT / "bench" / "fast_upstream.js"),
-                str(upstream_port),
-            ],
-            stdout=subprocess.PIPE,
-        )
-        try:
-            wait_ready(node, b"ready")
-            upstream = f"http://127.0.0.1:{upstream_port}"
-            nats = start_nats(workdir / "nats", extra_args=())
-            subprocess.run(
-                ["taskset", "-pc", LOAD_CORE, str(nats.pid)], capture_output=True, check=True
-            )
-            procs.append(nats)
-            config = workdir / "hotseat.yaml"
-            config.write_text(
-                yaml.safe_dump(
-                    {
-                        "backends": [{"name": "fast", "address": upstream}],
-                        "rules": [{"name": "all", "route": {"backends": ["fast"]}}],
-                    }
-                )
-            )
+        with fast_stack(workdir) as (upstream, nats, config), contextlib.ExitStack() as stack:
+            stack.callback(stop_all, procs)
             targets = {
                 "A": start_router("A", baseline, config, nats, workdir),
                 "B": start_router("B", candidate, config, nats, workdir),
@@ -317,11 +288,6 @@ def main() -> int:
                             f" B/v {statistics.median(b) / statistics.median(v):4.2f}x"
                         )
                     print(line)
-        finally:
-            for proc in reversed(procs):
-                proc.stop()
-            node.terminate()
-            node.wait(5)
     return 0
 
 

@@ -18,6 +18,7 @@ This is a measurement, not a test: run it on a quiet machine and read the figure
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,6 +143,45 @@ def wrk(url: str, *, connections: int, seconds: int, stream: bool, workdir: Path
         p99_ms=data["p99_us"] / 1000,
         errors=data["non2xx"] + data["errors"],
     )
+
+
+def stop_all(procs: list[Managed]) -> None:
+    """Stop ``procs``, the last started first."""
+    for proc in reversed(procs):
+        proc.stop()
+
+
+@contextlib.contextmanager
+def fast_stack(workdir: Path) -> Iterator[tuple[str, Managed, Path]]:
+    """The fast upstream (``fast_upstream.js``) and nats-server on the load core, and a
+    router config sending every model to that upstream: its URL, the NATS, the config."""
+    upstream_port = free_port()
+    node = subprocess.Popen(
+        ["taskset", "-c", LOAD_CORE, "node", str(ROOT / "bench" / "fast_upstream.js"),
+         str(upstream_port)],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    nats: Managed | None = None
+    try:
+        wait_ready(node, b"ready")
+        upstream = f"http://127.0.0.1:{upstream_port}"
+        nats = start_nats(workdir / "nats", extra_args=())
+        subprocess.run(
+            ["taskset", "-pc", LOAD_CORE, str(nats.pid)], capture_output=True, check=True
+        )
+        config = workdir / "hotseat.yaml"
+        config.write_text(
+            yaml.safe_dump({
+                "backends": [{"name": "fast", "address": upstream}],
+                "rules": [{"name": "all", "route": {"backends": ["fast"]}}],
+            })
+        )  # fmt: skip
+        yield upstream, nats, config
+    finally:
+        if nats is not None:
+            nats.stop()
+        node.terminate()
+        node.wait(5)
 
 
 def start_router(
@@ -364,27 +405,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hotseat-bench-") as tmp:
         workdir = Path(tmp)
         procs: list[Managed] = []
-        upstream_port = free_port()
-        node = subprocess.Popen(
-            ["taskset", "-c", LOAD_CORE, "node", str(ROOT / "bench" / "fast_upstream.js"),
-             str(upstream_port)],
-            stdout=subprocess.PIPE,
-        )  # fmt: skip
-        try:
-            wait_ready(node, b"ready")
-            upstream = f"http://127.0.0.1:{upstream_port}"
-            nats = start_nats(workdir / "nats", extra_args=())
-            subprocess.run(
-                ["taskset", "-pc", LOAD_CORE, str(nats.pid)], capture_output=True, check=True
-            )
-            procs.append(nats)
-            config = workdir / "hotseat.yaml"
-            config.write_text(
-                yaml.safe_dump({
-                    "backends": [{"name": "fast", "address": upstream}],
-                    "rules": [{"name": "all", "route": {"backends": ["fast"]}}],
-                })
-            )  # fmt: skip
+        with fast_stack(workdir) as (upstream, nats, config), contextlib.ExitStack() as stack:
+            stack.callback(stop_all, procs)
             path = "/v1/chat/completions"
             modes = [False, True]
             print(f"cores: proxy on {PROXY_CORE}, upstream + wrk + nats on {LOAD_CORE}; "
@@ -432,11 +454,6 @@ def main() -> int:
                 )
                 args.connections = saved
                 router2.stop()
-        finally:
-            for proc in reversed(procs):
-                proc.stop()
-            node.terminate()
-            node.wait(5)
     print()
     for line in table(results):
         print(line)

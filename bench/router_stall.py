@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from hotseat.launcher import free_port, start_nats  # noqa: E402
+from hotseat.launcher import free_port  # noqa: E402
 
 SAMPLE_S = 0.001
 
@@ -123,75 +123,53 @@ def main() -> int:
         serve(argv, Path(report), freeze == "1")
         return 0
 
-    import yaml  # noqa: PLC0415
-    from router_bench import LOAD_CORE, PROXY_CORE, wait_ready, wrk  # noqa: PLC0415
+    from router_bench import PROXY_CORE, fast_stack, wrk  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="hotseat-stall-") as tmp:
         workdir = Path(tmp)
-        upstream_port = free_port()
-        node = subprocess.Popen(
-            ["taskset", "-c", LOAD_CORE, "node", str(ROOT / "bench" / "fast_upstream.js"),
-             str(upstream_port)],
-            stdout=subprocess.PIPE,
-        )  # fmt: skip
-        nats = None
         router = None
-        try:
-            wait_ready(node, b"ready")
-            nats = start_nats(workdir / "nats", extra_args=())
-            subprocess.run(
-                ["taskset", "-pc", LOAD_CORE, str(nats.pid)], check=True, capture_output=True
-            )
-            config = workdir / "hotseat.yaml"
-            config.write_text(
-                yaml.safe_dump({
-                    "backends": [{"name": "fast", "address": f"http://127.0.0.1:{upstream_port}"}],
-                    "rules": [{"name": "all", "route": {"backends": ["fast"]}}],
-                })
-            )  # fmt: skip
-            port = free_port()
-            report = workdir / "report.json"
-            router = subprocess.Popen(
-                ["taskset", "-c", PROXY_CORE, sys.executable, __file__, "--serve", str(report),
-                 "1" if args.gc_freeze else "0",
-                 "--config", str(config), "--port", str(port), "--nats-url", nats.url,
-                 "--log-level", "warning", "--subject-prefix", f"stall{port}",
-                 "--audit-stream", f"STALL_{port}"],
-            )  # fmt: skip
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            import httpx  # noqa: PLC0415
+        with fast_stack(workdir) as (_upstream, nats, config):
+            try:
+                port = free_port()
+                report = workdir / "report.json"
+                router = subprocess.Popen(
+                    ["taskset", "-c", PROXY_CORE, sys.executable, __file__, "--serve", str(report),
+                     "1" if args.gc_freeze else "0",
+                     "--config", str(config), "--port", str(port), "--nats-url", nats.url,
+                     "--log-level", "warning", "--subject-prefix", f"stall{port}",
+                     "--audit-stream", f"STALL_{port}"],
+                )  # fmt: skip
+                url = f"http://127.0.0.1:{port}"
+                deadline = time.monotonic() + 60
+                import httpx  # noqa: PLC0415
 
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.2)
-            path = url + "/v1/chat/completions"
-            wrk(path, connections=8, seconds=2, stream=args.stream, workdir=workdir)
-            result = wrk(
-                path,
-                connections=args.connections,
-                seconds=args.duration,
-                stream=args.stream,
-                workdir=workdir,
-            )
-            print(
-                f"wrk c={args.connections} {'stream' if args.stream else 'plain'}:"
-                f" {result.rps:.0f} req/s  p50 {result.p50_ms:.2f} ms  p99 {result.p99_ms:.2f} ms"
-                f"  errors {result.errors}"
-            )
-            router.send_signal(signal.SIGTERM)
-            router.wait(30)
-            summarise(json.loads(report.read_text()), args.duration + 2)
-        finally:
-            if router is not None and router.poll() is None:
-                router.kill()
-            if nats is not None:
-                nats.stop()
-            node.terminate()
-            node.wait(5)
+                while time.monotonic() < deadline:
+                    try:
+                        if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        time.sleep(0.2)
+                path = url + "/v1/chat/completions"
+                wrk(path, connections=8, seconds=2, stream=args.stream, workdir=workdir)
+                result = wrk(
+                    path,
+                    connections=args.connections,
+                    seconds=args.duration,
+                    stream=args.stream,
+                    workdir=workdir,
+                )
+                print(
+                    f"wrk c={args.connections} {'stream' if args.stream else 'plain'}:"
+                    f" {result.rps:.0f} req/s  p50 {result.p50_ms:.2f} ms"
+                    f"  p99 {result.p99_ms:.2f} ms"
+                    f"  errors {result.errors}"
+                )
+                router.send_signal(signal.SIGTERM)
+                router.wait(30)
+                summarise(json.loads(report.read_text()), args.duration + 2)
+            finally:
+                if router is not None and router.poll() is None:
+                    router.kill()
     return 0
 
 
