@@ -16,8 +16,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
@@ -85,10 +86,9 @@ async def run(url: str, seconds: float) -> None:
     await session.close()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=4.0)
-    args = parser.parse_args()
+def beside_upstream(run: Callable[[int], Coroutine[Any, Any, None]]) -> int:
+    """Start the fast Node upstream on core 1, pin this process to core 0 and run
+    ``run(port)`` on uvloop."""
     port = free_port()
     node = subprocess.Popen(
         ["taskset", "-c", "1", "node", str(ROOT / "bench" / "fast_upstream.js"), str(port)],
@@ -98,11 +98,20 @@ def main() -> int:
         if node.stdout is None or b"ready" not in node.stdout.readline():
             return 1
         os.sched_setaffinity(0, {0})
-        uvloop.run(run(f"http://127.0.0.1:{port}/v1/chat/completions", args.seconds))
+        uvloop.run(run(port))
     finally:
         node.terminate()
         node.wait(5)
     return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=4.0)
+    args = parser.parse_args()
+    return beside_upstream(
+        lambda port: run(f"http://127.0.0.1:{port}/v1/chat/completions", args.seconds)
+    )
 
 
 if __name__ == "__main__":
