@@ -1,16 +1,18 @@
-"""Waiters released together resume one per turn of the event loop, in the order they
-came, and none is lost when one leaves (``hotseat_router.activation.turns``). The loop's
-turns are counted by a task that yields once per turn: no clock is read."""
+"""Waiters released together resume in the order ``hotseat_router.activation.turns``
+promises, and none is lost when one leaves: a question's followers one per turn of the
+event loop, in the order they came; a state change's waiters the first alone, the others
+together a turn later. The loop's turns are counted by a task that yields once per turn:
+no clock is read."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from hotseat_router.activation.turns import Turns
+from hotseat_router.activation.turns import FirstThenRest, Turns
 
 WAITERS = 5
 
@@ -42,21 +44,30 @@ async def turns_pass(n: int) -> None:
         await asyncio.sleep(0)
 
 
-async def test_waiters_resume_in_order_one_per_turn(loop_turns: Loop) -> None:
-    turns = Turns()
-    resumed: list[tuple[int, int]] = []
+async def resumed(
+    loop_turns: Loop, wait: Callable[[], Awaitable[None]], release: Callable[[], None]
+) -> list[tuple[int, int]]:
+    """``WAITERS`` waiters, released once all wait: each one's index and the turn it
+    resumed in, in the order they resumed."""
+    order: list[tuple[int, int]] = []
 
     async def waiter(i: int) -> None:
-        await turns.wait()
-        resumed.append((i, loop_turns.turn))
+        await wait()
+        order.append((i, loop_turns.turn))
 
     tasks = [asyncio.create_task(waiter(i)) for i in range(WAITERS)]
     await turns_pass(2)  # every waiter is waiting
-    assert resumed == []
-    turns.open()
+    assert order == []
+    release()
     await asyncio.gather(*tasks)
-    assert [i for i, _ in resumed] == list(range(WAITERS))
-    assert len({turn for _, turn in resumed}) == WAITERS
+    return order
+
+
+async def test_waiters_resume_in_order_one_per_turn(loop_turns: Loop) -> None:
+    turns = Turns()
+    order = await resumed(loop_turns, turns.wait, turns.open)
+    assert [i for i, _ in order] == list(range(WAITERS))
+    assert len({turn for _, turn in order}) == WAITERS
 
 
 async def test_a_waiter_that_leaves_before_its_turn_is_skipped() -> None:
@@ -94,3 +105,36 @@ async def test_a_waiter_that_comes_after_everyone_resumed_resumes() -> None:
     await turns_pass(4)
     assert late.done()
     assert not late.cancelled()
+
+
+async def test_a_change_wakes_its_first_waiter_alone_and_the_others_a_turn_later(
+    loop_turns: Loop,
+) -> None:
+    change = FirstThenRest()
+    order = await resumed(loop_turns, change.wait, change.set)
+    assert [i for i, _ in order] == list(range(WAITERS))
+    first, *rest = [turn for _, turn in order]
+    assert set(rest) == {first + 1}, order
+
+
+async def test_a_change_skips_a_first_waiter_that_left() -> None:
+    change = FirstThenRest()
+    tasks = [asyncio.create_task(change.wait()) for _ in range(WAITERS)]
+    await turns_pass(2)
+    tasks[0].cancel()
+    await asyncio.sleep(0)  # the cancelled waiter has left
+    change.set()
+    await asyncio.sleep(0)  # the first still waiting resumes alone
+    assert tasks[1].done()
+    assert not tasks[1].cancelled()
+    assert not any(t.done() for t in tasks[2:])
+    await turns_pass(2)
+    assert tasks[0].cancelled()
+    assert all(t.done() and not t.cancelled() for t in tasks[1:])
+
+
+async def test_a_waiter_that_comes_after_the_change_resumes_at_once() -> None:
+    change = FirstThenRest()
+    change.set()
+    await asyncio.wait_for(change.wait(), timeout=5)
+    assert change.happened

@@ -65,7 +65,7 @@ from hotseat_common.subjects import Subjects
 from hotseat_common.tracing import NO_TRACING, Tracing
 from hotseat_router.activation.held import HeldLeases
 from hotseat_router.activation.protocol import GroupAsk, Lease, OnWait, Placed
-from hotseat_router.activation.turns import Turns
+from hotseat_router.activation.turns import FirstThenRest, Turns
 
 log = get_logger(__name__)
 
@@ -79,16 +79,15 @@ SMALL_TIMEOUT_S = 1.0
 @dataclass
 class _PoolSignal:
     generation: int = 0
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set at the pool's next change. The requests waiting for it wake in the same turn
-    of the loop, on purpose: the first one asks and all the others find its flight and
-    follow it, a few steps each. Woken one per turn, those woken after its answer landed
-    would each ask again, for a lease of their own."""
+    changed: FirstThenRest = field(default_factory=FirstThenRest)
+    """Set at the pool's next change. The first request waiting for it wakes alone and
+    asks; the others wake together a turn later, behind its question, and find its
+    flight and follow it (:mod:`.turns`)."""
 
     def bump(self) -> None:
         self.generation += 1
         self.changed.set()
-        self.changed = asyncio.Event()
+        self.changed = FirstThenRest()
 
 
 @dataclass
@@ -364,7 +363,7 @@ class NatsActivationClient:
         self,
         signal: _PoolSignal,
         generation: int,
-        changed: asyncio.Event,
+        changed: FirstThenRest,
         deadline: float,
         reply: WaitReply,
     ) -> None:
