@@ -29,6 +29,7 @@ from hotseat_pool_controller.model import (
     Reply,
 )
 from hotseat_pool_controller.runtime.announcer import Announcer
+from hotseat_pool_controller.runtime.arrivals import Arrivals
 from hotseat_pool_controller.runtime.recovery import Recovery
 from hotseat_pool_controller.runtime.transitions import Transitions
 from hotseat_pool_controller.store.pool import PoolStore, Renewal, Renewed
@@ -128,6 +129,10 @@ class PoolAnswers:
         """Set when a request may let the pool move: its supervisor ticks at once."""
         self._stir = stir or Stir(wake)
         self._preloads = preloads
+        self._arrivals = None if self.policy.has_capacity else Arrivals()
+        """A one-resident pool answers acquires for different members in the order they
+        came (:mod:`.arrivals`). A capacity pool grants each of its residents in every
+        phase, so its mixed traffic is not put in one line."""
         self.copies: CopyWriter | None = None
         """Model groups serve on this one-resident pool: each lease on a member is counted
         in the index of every group whose copy here is another member (docs/adr/0012)."""
@@ -147,6 +152,12 @@ class PoolAnswers:
             await self.copies.busy(self.name, member, lease_id, ttl_ms)
 
     async def acquire(self, request: AcquireRequest) -> Reply:
+        if self._arrivals is None:
+            return await self._acquire(request)
+        async with self._arrivals.turn(request.member):
+            return await self._acquire(request)
+
+    async def _acquire(self, request: AcquireRequest) -> Reply:
         lease_id = uuid.uuid4().hex
         # Counted before it can be granted, so that no group index ever shows a copy
         # placeable here while this lease lives; uncounted when it was not granted.
