@@ -36,16 +36,21 @@ def arrivals() -> Arrivals:
     return Arrivals()
 
 
+async def enters_once_answered(first: Asking, second: Asking) -> None:
+    """``first`` is in its turn and ``second`` waits, until ``first`` is answered."""
+    await settle()
+    assert first.entered.is_set()
+    assert not second.entered.is_set()
+    first.answer.set()
+    await asyncio.wait_for(second.entered.wait(), 5)
+    second.answer.set()
+    await asyncio.gather(first.task, second.task)
+
+
 async def test_a_question_waits_for_an_earlier_one_for_another_member(arrivals: Arrivals) -> None:
     other = Asking(arrivals, "coder")
     resident = Asking(arrivals, "judge")
-    await settle()
-    assert other.entered.is_set()
-    assert not resident.entered.is_set()
-    other.answer.set()
-    await asyncio.wait_for(resident.entered.wait(), 5)
-    resident.answer.set()
-    await asyncio.gather(other.task, resident.task)
+    await enters_once_answered(other, resident)
 
 
 async def test_questions_for_one_member_never_wait_for_each_other(arrivals: Arrivals) -> None:
@@ -61,13 +66,7 @@ async def test_a_question_never_waits_for_a_later_one(arrivals: Arrivals) -> Non
     first = Asking(arrivals, "judge")
     await settle()
     later = Asking(arrivals, "coder")  # waits for the first, which is not held back by it
-    await settle()
-    assert first.entered.is_set()
-    assert not later.entered.is_set()
-    first.answer.set()
-    await asyncio.wait_for(later.entered.wait(), 5)
-    later.answer.set()
-    await asyncio.gather(first.task, later.task)
+    await enters_once_answered(first, later)
 
 
 async def test_a_question_that_gives_up_holds_nobody_back(arrivals: Arrivals) -> None:
