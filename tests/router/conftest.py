@@ -83,8 +83,10 @@ async def start_router(
         *,
         activation_factory: ActivationFactory | None = None,
         health_clock: Callable[[], float] | None = None,
+        http: Any = None,
         **overrides: Any,
     ) -> RunningRouter:
+        """``http``: uvicorn's protocol instead of the router's own connection layer."""
         parsed = config if isinstance(config, HotseatConfig) else parse_config(config)
         settings = settings_for(nats_server.url, prefix, **overrides)
         kwargs: dict[str, Any] = {}
@@ -98,7 +100,7 @@ async def start_router(
                 app,
                 host="127.0.0.1",
                 port=settings.port,
-                http=partial(LimitedHttpProtocol, limits=connection_limits(settings)),
+                http=http or partial(LimitedHttpProtocol, limits=connection_limits(settings)),
                 ws="none",
                 lifespan="on",
                 log_config=None,

@@ -15,6 +15,11 @@ client may make the router hold before a request reaches the app.
   for ``write_timeout`` seconds) is dropped: the connection is aborted, which the app
   sees as the client leaving (the upstream request is cancelled, the lease released).
 
+The app learns that a request's client left from the connection itself
+(:class:`_ClientLeft`, the scope extension ``hotseat_router.asgi.CLIENT_LEFT``): a
+callback the request registers is called when the connection is lost, instead of a task
+per request awaiting ``receive()`` until ``http.disconnect``.
+
 What a connection writes in one event-loop turn goes out as one socket write
 (:class:`_Coalescing`): a response's head and a body already at hand, a stream's last
 chunk and its terminator, are one segment and one system call, not two.
@@ -43,7 +48,7 @@ from uvicorn.server import ServerState
 
 from hotseat_common.errors import HotseatError
 from hotseat_common.logging import get_logger
-from hotseat_router.asgi import Receive, Scope, Send
+from hotseat_router.asgi import CLIENT_LEFT, OnClientLeft, Receive, Scope, Send
 from hotseat_router.errors import (
     HeadersTooLarge,
     InvalidRequest,
@@ -145,6 +150,41 @@ class _Lingering:
         self._protocol.linger()
 
 
+class _ClientLeft:
+    """A connection's ``CLIENT_LEFT`` (``hotseat_router.asgi``): one per connection, shared
+    by its requests, which are handled one at a time (a pipelined request's app starts
+    once the response before it is complete). It holds no reference to the connection."""
+
+    __slots__ = ("_callback", "_lost")
+
+    def __init__(self) -> None:
+        self._callback: OnClientLeft | None = None
+        self._lost = False
+
+    def watch(self, callback: OnClientLeft) -> None:
+        if self._lost:
+            callback()
+            return
+        self._callback = callback
+
+    def unwatch(self, callback: OnClientLeft) -> None:
+        # ``==``: a bound method is a new object each time it is looked up; it equals
+        # another of the same function on the same object. A request that finishes after
+        # the next one registered does not undo the next one's registration.
+        if self._callback == callback:
+            self._callback = None
+
+    def response_complete(self) -> None:
+        """The current request's response is sent: its client leaving is no news."""
+        self._callback = None
+
+    def connection_lost(self) -> None:
+        self._lost = True
+        callback, self._callback = self._callback, None
+        if callback is not None:
+            callback()
+
+
 class _HeadRefused(Exception):
     """Raised from a parser callback to stop parsing a head that passed a limit."""
 
@@ -196,6 +236,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._write_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
         self.lingering = False
+        self._client_left = left = _ClientLeft()
+        self._hook: dict[object, object] = {"watch": left.watch, "unwatch": left.unwatch}
+        self._extensions = {CLIENT_LEFT: self._hook}
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -212,6 +255,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._linger_timer.cancel()
             self._linger_timer = None
         super().connection_lost(exc)
+        self._client_left.connection_lost()
 
     def linger(self) -> None:
         """Close after the answer, lingering (module docstring)."""
@@ -235,6 +279,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.cycle.transport = _Lingering(self.transport, self)  # type: ignore[assignment]
 
     def on_response_complete(self) -> None:
+        self._client_left.response_complete()
         if self.lingering:
             return  # the connection is closing: no next request on it
         super().on_response_complete()
@@ -291,6 +336,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        extensions = self.scope.get("extensions")
+        if extensions is None:
+            self.scope["extensions"] = self._extensions
+        else:
+            extensions[CLIENT_LEFT] = self._hook
         self._in_head = True
         self._began_in_this_read = True
         self._read_head_bytes = self._parsed_head_bytes = self._headers = 0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from hotseat_common.config.model import Backend
 from hotseat_common.errors import ErrorCode
-from hotseat_router.asgi import Receive
+from hotseat_router.asgi import CLIENT_LEFT, ClientLeftHook, Receive, Scope
 from hotseat_router.keepalive import HeldStream
 from hotseat_router.usage import Usage
 
@@ -56,6 +56,7 @@ class RequestContext:
     interrupted: ErrorCode | None = None
     """Why the handling task was cancelled on purpose: ``client_disconnected``, ``lease_lost``."""
     _task: asyncio.Task[object] | None = None
+    _unwatch_client: ClientLeftHook | None = None
     _watchers: list[asyncio.Task[None]] = field(default_factory=list)
 
     def elapsed(self) -> float:
@@ -115,10 +116,18 @@ class RequestContext:
         """The last body message is being sent: the request can no longer be interrupted."""
         self.response_done = True
 
-    def watch_client(self, receive: Receive) -> None:
-        """From now on, the client leaving interrupts the current task (the body was read)."""
+    def watch_client(self, scope: Scope, receive: Receive) -> None:
+        """From now on, the client leaving interrupts the current task (the body was read).
+        The connection says so itself when it offers ``CLIENT_LEFT`` (the router's own
+        server); under another ASGI server a task awaits ``receive()`` for it."""
         self._task = asyncio.current_task()
-        self._watchers.append(asyncio.create_task(self._client_left(receive)))
+        extensions = scope.get("extensions")
+        hook = extensions.get(CLIENT_LEFT) if extensions else None
+        if hook is None:
+            self._watchers.append(asyncio.create_task(self._receive_disconnect(receive)))
+            return
+        self._unwatch_client = hook["unwatch"]
+        hook["watch"](self._client_gone)
 
     def watch_lease(self, lost: asyncio.Event) -> asyncio.Task[None]:
         """Interrupt the request when its lease is lost; the returned watcher is the
@@ -128,6 +137,9 @@ class RequestContext:
         return watcher
 
     def stop_watching(self) -> None:
+        if self._unwatch_client is not None:
+            self._unwatch_client(self._client_gone)
+            self._unwatch_client = None
         for watcher in self._watchers:
             watcher.cancel()
 
@@ -146,11 +158,14 @@ class RequestContext:
         self._task.uncancel()
         return self.interrupted
 
-    async def _client_left(self, receive: Receive) -> None:
+    def _client_gone(self) -> None:
+        self.interrupt(ErrorCode.CLIENT_DISCONNECTED)
+
+    async def _receive_disconnect(self, receive: Receive) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                self.interrupt(ErrorCode.CLIENT_DISCONNECTED)
+                self._client_gone()
                 return
 
     async def _lease_lost(self, lost: asyncio.Event) -> None:

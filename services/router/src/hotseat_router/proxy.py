@@ -133,7 +133,7 @@ class ProxyEndpoint:
                 ctx.held_stream = HeldStream(
                     send, request_id=ctx.request_id, interval=route.hold_keep_alive
                 )
-            ctx.watch_client(receive)
+            ctx.watch_client(scope, receive)
             deadline = ctx.started + self._request_timeout
             return await self._dispatcher.walk(ctx, route, outbound, deadline)
         except HotseatError as exc:
