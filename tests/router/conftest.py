@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 import uvicorn
 from nats.aio.client import Client as NatsClient
 
+import hotseat_router
 from hotseat.launcher import Managed, free_port
 from hotseat_common.config import HotseatConfig, parse_config
 from hotseat_router.app import ActivationFactory, RouterApp, create_app
@@ -67,6 +69,56 @@ def settings_for(default_nats: str, prefix: str, **overrides: Any) -> RouterSett
     return RouterSettings(**{**values, **overrides})
 
 
+async def serve(
+    app: Any, port: int, *, http: Any, lifespan: str
+) -> tuple[uvicorn.Server, asyncio.Task[None]]:
+    """Serve ``app`` with uvicorn in this event loop; returns once it listens."""
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            http=http,
+            ws="none",
+            lifespan=lifespan,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError("the server exited during start-up")
+        await asyncio.sleep(0.01)  # uvicorn's Server offers a flag, no event, for started
+    return server, task
+
+
+ROUTER_CODE = str(Path(hotseat_router.__file__).parent)
+
+
+@contextlib.contextmanager
+def router_tasks() -> Iterator[list[str]]:
+    """The tasks started meanwhile in this event loop (the in-process router's) whose
+    coroutine is the router's own code, by qualified name."""
+    loop = asyncio.get_running_loop()
+    before = loop.get_task_factory()
+    started: list[str] = []
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        code = getattr(coro, "cr_code", None)
+        if code is not None and code.co_filename.startswith(ROUTER_CODE):
+            started.append(code.co_qualname)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    loop.set_task_factory(factory)
+    try:
+        yield started
+    finally:
+        loop.set_task_factory(before)
+
+
 @pytest.fixture
 def running() -> list[RunningRouter]:
     """The routers this test started (the audit reader waits for them to flush)."""
@@ -95,25 +147,12 @@ async def start_router(
         if health_clock:
             kwargs["health_clock"] = health_clock
         app = create_app(settings, parsed, **kwargs)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host="127.0.0.1",
-                port=settings.port,
-                http=http or partial(LimitedHttpProtocol, limits=connection_limits(settings)),
-                ws="none",
-                lifespan="on",
-                log_config=None,
-                access_log=False,
-                timeout_graceful_shutdown=5,
-            )
+        server, task = await serve(
+            app,
+            settings.port,
+            http=http or partial(LimitedHttpProtocol, limits=connection_limits(settings)),
+            lifespan="on",
         )
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("router exited during start-up")
-            await asyncio.sleep(0.01)  # uvicorn's Server offers a flag, no event, for started
         router = RunningRouter(f"http://127.0.0.1:{settings.port}", app, server, task)
         running.append(router)
         return router

@@ -8,45 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-import hotseat_router
 from hotseat.launcher import free_port
 from hotseat_router.asgi import CLIENT_LEFT, Receive, Scope, Send
 from hotseat_router.connection import ConnectionLimits, LimitedHttpProtocol
+from tests.router.conftest import router_tasks, serve
 from tests.router.fake_activation import FakeActivation
 
 CHAT = "/v1/chat/completions"
-ROUTER_CODE = str(Path(hotseat_router.__file__).parent)
-
-
-@contextlib.contextmanager
-def router_tasks() -> Iterator[list[str]]:
-    """The tasks started meanwhile in this event loop (the in-process router's) whose
-    coroutine is the router's own code, by qualified name."""
-    loop = asyncio.get_running_loop()
-    before = loop.get_task_factory()
-    started: list[str] = []
-
-    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
-        code = getattr(coro, "cr_code", None)
-        if code is not None and code.co_filename.startswith(ROUTER_CODE):
-            started.append(code.co_qualname)
-        return asyncio.Task(coro, loop=loop, **kwargs)
-
-    loop.set_task_factory(factory)
-    try:
-        yield started
-    finally:
-        loop.set_task_factory(before)
 
 
 def pooled_config(a: Any) -> dict[str, Any]:
@@ -57,58 +33,38 @@ def pooled_config(a: Any) -> dict[str, Any]:
     }
 
 
-async def leave_while_held(router_url: str, activation: FakeActivation, request_id: str) -> None:
-    async with httpx.AsyncClient(timeout=30) as http:
-        request = asyncio.create_task(
-            http.post(
-                router_url + CHAT, json={"model": "m"}, headers={"x-hotseat-request-id": request_id}
-            )
-        )
-        await asyncio.wait_for(activation.asked.wait(), 5)
-        request.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await request
-
-
-async def test_a_client_leaving_while_held_is_noticed_without_a_task(upstream, start_router, audit):
-    """A client that leaves while its request is held for a pool lease: the request stops
-    asking (no lease is granted) and is audited ``client_disconnected``, and the router
-    started no task of its own to notice."""
+async def leave_while_held(
+    start_router: Any, upstream: Any, audit: Any, **server: Any
+) -> list[str]:
+    """A request held for a pool lease whose client leaves: it stops asking (no lease is
+    granted) and is audited ``client_disconnected``. Returns the router's own tasks
+    started meanwhile (:func:`router_tasks`)."""
     a = await upstream("a")
     activation = FakeActivation(hold={"a": asyncio.Event()})
-    router = await start_router(pooled_config(a), activation_factory=activation.factory)
+    router = await start_router(pooled_config(a), activation_factory=activation.factory, **server)
     with router_tasks() as started:
-        await leave_while_held(router.url, activation, "held-1")
-    event = await audit.request_event("held-1")
+        async with httpx.AsyncClient(timeout=30) as http:
+            request = asyncio.create_task(
+                http.post(
+                    router.url + CHAT, json={"model": "m"}, headers={"x-hotseat-request-id": "held"}
+                )
+            )
+            await asyncio.wait_for(activation.asked.wait(), 5)
+            request.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
+        event = await audit.request_event("held")
     assert event["outcome"] == "client_disconnected"
     activation.hold["a"].set()
     assert activation.granted == []
-    assert started == []
+    return started
 
 
-async def test_a_client_leaving_mid_relay_is_noticed_without_a_task(
-    upstream, start_router, client, audit
-):
-    """A client that leaves mid-stream: the upstream request is closed and the request
-    audited ``client_disconnected``, and the router started no task of its own to notice."""
-    a = await upstream("a")
-    a.mode = "stream_forever"
-    router = await start_router(
-        {
-            "backends": [{"name": "a", "address": a.url, "model": "small-model"}],
-            "rules": [{"name": "all", "route": {"backends": ["a"]}}],
-        }
-    )
-    with router_tasks() as started:
-        async with client.stream(
-            "POST", router.url + CHAT, json={"model": "m", "stream": True}
-        ) as response:
-            request_id = response.headers["x-hotseat-request-id"]
-            await anext(response.aiter_raw())
-        await asyncio.wait_for(a.disconnected.wait(), 5)
-    event = await audit.request_event(request_id)
-    assert (event["outcome"], event["backend"]) == ("client_disconnected", "a")
-    assert started == []
+async def test_a_client_leaving_while_held_is_noticed_without_a_task(upstream, start_router, audit):
+    """A client that leaves while its request is held for a pool lease: the request is
+    interrupted and audited ``client_disconnected``, and the router started no task of its
+    own to notice."""
+    assert await leave_while_held(start_router, upstream, audit) == []
 
 
 async def test_under_another_server_a_task_notices_the_client_leaving(
@@ -116,17 +72,7 @@ async def test_under_another_server_a_task_notices_the_client_leaving(
 ):
     """Under uvicorn's own protocol (no ``CLIENT_LEFT``), a task awaiting ``receive()``
     notices the client leaving while held: the same ``client_disconnected``."""
-    a = await upstream("a")
-    activation = FakeActivation(hold={"a": asyncio.Event()})
-    router = await start_router(
-        pooled_config(a), activation_factory=activation.factory, http="httptools"
-    )
-    with router_tasks() as started:
-        await leave_while_held(router.url, activation, "held-2")
-    event = await audit.request_event("held-2")
-    assert event["outcome"] == "client_disconnected"
-    activation.hold["a"].set()
-    assert activation.granted == []
+    started = await leave_while_held(start_router, upstream, audit, http="httptools")
     assert len(started) == 1, started
 
 
@@ -204,24 +150,9 @@ async def scripted() -> AsyncIterator[tuple[Script, str, int]]:
         max_connections=100,
         write_timeout=30,
     )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            scripted_app(script),
-            host="127.0.0.1",
-            port=port,
-            http=partial(LimitedHttpProtocol, limits=limits),
-            ws="none",
-            lifespan="off",
-            log_config=None,
-            access_log=False,
-            timeout_graceful_shutdown=2,
-        )
+    server, task = await serve(
+        scripted_app(script), port, http=partial(LimitedHttpProtocol, limits=limits), lifespan="off"
     )
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)  # uvicorn's Server offers a flag, no event, for started
     yield script, "127.0.0.1", port
     server.should_exit = True
     await asyncio.wait_for(task, 10)

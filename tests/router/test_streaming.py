@@ -9,6 +9,8 @@ import httpx
 import openai
 import pytest
 
+from tests.router.conftest import router_tasks
+
 CHAT = "/v1/chat/completions"
 
 
@@ -87,17 +89,20 @@ async def test_first_byte_before_upstream_finishes(one, client):
 
 
 async def test_client_disconnect_reaches_upstream(one, client, audit):
-    """A client that leaves mid-stream closes the upstream request promptly."""
+    """A client that leaves mid-stream closes the upstream request promptly; the router's
+    connection tells the request, which starts no task of the router's own to notice."""
     router, a = one
     a.mode = "stream_forever"
-    async with client.stream(
-        "POST", router.url + CHAT, json={"model": "m", "stream": True}
-    ) as response:
-        rid = response.headers["x-hotseat-request-id"]
-        await anext(response.aiter_raw())
-    await asyncio.wait_for(a.disconnected.wait(), 3)
+    with router_tasks() as started:
+        async with client.stream(
+            "POST", router.url + CHAT, json={"model": "m", "stream": True}
+        ) as response:
+            rid = response.headers["x-hotseat-request-id"]
+            await anext(response.aiter_raw())
+        await asyncio.wait_for(a.disconnected.wait(), 3)
     event = await audit.request_event(rid)
     assert (event["outcome"], event["backend"]) == ("client_disconnected", "a")
+    assert started == []
 
 
 async def test_client_disconnect_while_waiting_for_headers(one, audit):
