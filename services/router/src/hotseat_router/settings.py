@@ -23,7 +23,9 @@ class RouterSettings(ServiceSettings):
         default=None, description="File of client API keys, one per line (adds to the config's)"
     )
     upstream_connections: int = Field(
-        default=1024, ge=1, description="Most pooled keep-alive connections per upstream"
+        default=1024,
+        ge=1,
+        description="Most connections open at once per upstream, idle keep-alive ones included",
     )
     upstream_keepalive: float = Field(
         default=4.0, gt=0, description="Seconds an idle upstream connection stays pooled"
