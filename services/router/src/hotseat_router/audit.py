@@ -11,8 +11,6 @@ publishes it in a batch off the request's path.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
-
 from hotseat_common.audit_stream import AuditPublisher
 from hotseat_common.messages.audit import PoolOutcome, RequestOutcome, encode_event, pool_event
 from hotseat_common.metrics import RouterMetrics, Series
@@ -35,9 +33,8 @@ class RequestAudit:
         self._router = router
         self._access_log = access_log
         self._tokens = Series(metrics.tokens)
-        self._series: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
-        """The request counter and duration histogram of each (rule, backend, outcome)
-        seen, looked up once (their number is bounded by the config)."""
+        self._requests = Series(metrics.requests)
+        self._durations = Series(metrics.request_duration)
 
     def finish(
         self,
@@ -55,15 +52,8 @@ class RequestAudit:
         duration_ms = round(elapsed * 1000, 3)
         status = status if status is not None else ctx.status
         rule_label = ctx.rule if ctx.rule is not None else DEFAULT_ROUTE
-        key = (rule_label, ctx.backend or "", outcome.value)
-        series = self._series.get(key)
-        if series is None:
-            series = self._series[key] = (
-                self._metrics.requests.labels(self._router, *key),
-                self._metrics.request_duration.labels(self._router, rule_label, outcome.value),
-            )
-        series[0].inc()
-        series[1].observe(elapsed)
+        self._requests(self._router, rule_label, ctx.backend or "", outcome.value).inc()
+        self._durations(self._router, rule_label, outcome.value).observe(elapsed)
         usage = ctx.usage
         if usage is not None:
             labels = (self._router, rule_label, ctx.backend or "", ctx.api_key or "")
