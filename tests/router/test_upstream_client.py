@@ -5,6 +5,7 @@ answer, stall or break is played exactly."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -131,6 +132,19 @@ async def test_a_connection_is_reused_and_the_request_is_written_as_given() -> N
         assert "x-text: é".encode() in first
         assert b"\r\ncontent-length: 13\r\n" in first.lower()
         assert first.endswith(b'\r\n\r\n{"model":"m"}')
+
+
+async def test_credentials_in_the_address_are_sent_unless_the_request_has_its_own() -> None:
+    async with scripted(keep_answering) as upstream, client() as upstream_client:
+        url = upstream.url.replace("http://", "http://us%40er:p%3Ass@") + "/x"
+        for headers in ([], [("authorization", "Bearer k")]):
+            response = await upstream_client.send(url, headers=headers, body=b"")
+            await read_all(response)
+            response.close()
+        basic = b"authorization: Basic " + base64.b64encode(b"us@er:p:ss")
+        assert [basic in r for r in upstream.requests] == [True, False]
+        assert b"authorization: Bearer k\r\n" in upstream.requests[1]
+        assert b"\r\nhost: 127.0.0.1:" in upstream.requests[0]
 
 
 async def test_an_answer_given_back_unread_leaves_nothing_for_the_next() -> None:

@@ -18,9 +18,11 @@ are the caller's (``asyncio.timeout`` around :meth:`UpstreamClient.send` and eac
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
 from collections import deque
 from typing import NamedTuple
+from urllib.parse import unquote
 
 import httptools
 
@@ -54,6 +56,9 @@ class _Origin(NamedTuple):
     host: str
     port: int
     host_header: bytes
+    basic_auth: str | None
+    """``Basic ...`` from the address's ``user:password@``, sent when the request has no
+    ``authorization`` of its own (a backend's ``credentialsEnv`` bearer)."""
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -72,7 +77,12 @@ def _origin(origin: str) -> _Origin:
     scheme = scheme.lower()
     if scheme not in _DEFAULT_PORTS:
         raise UpstreamConnectError(f"unsupported scheme {scheme!r}")
-    authority = authority.rpartition("@")[2]
+    userinfo, at, authority = authority.rpartition("@")
+    basic_auth = None
+    if at:
+        user, _, password = userinfo.partition(":")
+        pair = f"{unquote(user)}:{unquote(password)}".encode()
+        basic_auth = "Basic " + base64.b64encode(pair).decode("ascii")
     if authority.startswith("["):  # [IPv6]:port
         host, _, rest = authority[1:].partition("]")
         port_text = rest[1:] if rest.startswith(":") else ""
@@ -82,9 +92,8 @@ def _origin(origin: str) -> _Origin:
         port = int(port_text) if port_text else _DEFAULT_PORTS[scheme]
     except ValueError:
         raise UpstreamConnectError(f"invalid port in {origin!r}") from None
-    return _Origin(
-        scheme, host, port, authority.encode("idna" if not authority.isascii() else "ascii")
-    )
+    host_header = authority.encode("idna" if not authority.isascii() else "ascii")
+    return _Origin(scheme, host, port, host_header, basic_auth)
 
 
 class _Connection(asyncio.Protocol):
@@ -469,6 +478,9 @@ class UpstreamClient:
         headers arrived."""
         origin, target = _split(url)
         pool = self._pool(origin)
+        basic_auth = pool.origin.basic_auth
+        if basic_auth is not None and not any(n.lower() == "authorization" for n, _ in headers):
+            headers = [*headers, ("authorization", basic_auth)]
         head = _head(target, pool.origin.host_header, headers, _length(body))
         # A pooled connection the upstream closed while idle fails before any byte of an
         # answer; one retry on another connection is not a second attempt.
