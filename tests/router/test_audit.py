@@ -93,6 +93,7 @@ async def test_served_while_nats_is_down(upstream, start_router, tmp_path, prefi
     port = free_port()
     own_nats = start_nats(tmp_path / "nats", port=port)
     a = await upstream("a")
+    router = None
     try:
         router = await start_router(
             {
@@ -136,4 +137,8 @@ async def test_served_while_nats_is_down(upstream, start_router, tmp_path, prefi
             finally:
                 await nc.drain()
     finally:
+        # The router goes before its NATS server: a client left reconnecting to a server
+        # that is gone would keep the session's event loop from closing.
+        if router is not None:
+            await router.stop()
         own_nats.stop()
