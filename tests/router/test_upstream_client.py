@@ -309,6 +309,38 @@ async def test_a_chunked_stream_arrives_piece_by_piece_and_the_connection_is_reu
         assert upstream.connections == 1
 
 
+@pytest.mark.parametrize("apart", [False, True], ids=["same-read", "later-read"])
+async def test_bytes_after_an_answer_make_its_connection_unusable(apart: bool) -> None:
+    """An upstream that writes past its answer's end (a second, unasked answer) has lost
+    track of the exchange: the connection is closed, with the answer whole, whether
+    those bytes came with the answer or later while it was idle. (Bytes that come after
+    the next request went out on it cannot be told from its answer: HTTP/1.1 has no
+    way to.)"""
+    stale = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstale"
+
+    async def answer_twice(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Scripted
+    ) -> None:
+        await s.request(reader)
+        if apart:
+            writer.write(OK)
+            await writer.drain()
+            await asyncio.sleep(0.05)  # the scripted upstream's pause (correct either way)
+            writer.write(stale)
+        else:
+            writer.write(OK + stale)
+        await s.request(reader)  # None once the client closes this connection
+
+    async with scripted(answer_twice) as upstream, client() as upstream_client:
+        response = await upstream_client.send(upstream.url + "/x", headers=[], body=b"")
+        assert await read_all(response) == b"{}"
+        response.close()
+        await upstream.until(lambda: upstream.closed_by_client == 1)
+        response = await upstream_client.send(upstream.url + "/x", headers=[], body=b"")
+        assert await read_all(response) == b"{}"
+        assert upstream.connections == 2
+
+
 async def test_an_interim_answer_is_skipped() -> None:
     async def continue_first(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Scripted

@@ -51,6 +51,10 @@ class UpstreamBodyError(Exception):
     """The upstream broke the connection while sending its body."""
 
 
+class _AfterTheAnswer(Exception):
+    """Raised from a parser callback: an upstream began another answer after its answer."""
+
+
 class _Origin(NamedTuple):
     scheme: str
     host: str
@@ -119,6 +123,7 @@ class _Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._interim = False
         self._until_close = False
+        self._began_another = False
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._reading_paused = False
@@ -149,6 +154,7 @@ class _Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._interim = False
         self._until_close = False
+        self._began_another = False
         self._chunks.clear()  # an answer given back unread but whole left its body here
         self._buffered = 0
         return self.head
@@ -192,9 +198,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if not self.busy or self.body_ended:
-            # Bytes nobody asked for (more after the answer's end): the connection is
-            # unusable.
-            self._broken("unexpected data after the answer")
+            self._overrun()
             return
         if not self._head_done:
             self._head_bytes += len(data)
@@ -204,7 +208,10 @@ class _Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._broken(f"invalid HTTP response: {exc}")
+            if self._began_another:
+                self._overrun()
+            else:
+                self._broken(f"invalid HTTP response: {exc}")
 
     def pause_writing(self) -> None:
         self._drained = self._loop.create_future()
@@ -229,6 +236,11 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     # --- httptools callbacks ---------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.body_ended:
+            self._began_another = True
+            raise _AfterTheAnswer  # stops the parser: nothing of it joins the answer
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
@@ -266,6 +278,12 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     # --- internals -----------------------------------------------------------------------
+
+    def _overrun(self) -> None:
+        """Bytes nobody asked for (more after the answer's end): the answer received stays
+        whole, but the connection has lost track of the exchange and is not reused."""
+        self.keep_alive = False
+        self.close()
 
     def _broken(self, why: str) -> None:
         self.error = self.error or why
