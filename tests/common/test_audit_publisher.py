@@ -1,13 +1,16 @@
 """The audit publisher against a real JetStream: events published in batches are each
-stored once, a full buffer drops (and counts) what does not fit, and closing publishes
-everything queued before it returns (the router's SIGTERM drain)."""
+stored once, a full buffer drops (and counts) what does not fit, closing publishes
+everything queued before it returns (the router's SIGTERM drain), and an event the
+stream did not take (no stream, or an error for an answer) stays until it is taken."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
+from nats.js.api import DiscardPolicy
 from prometheus_client import CollectorRegistry
 
 from hotseat_common.audit_stream import (
@@ -19,6 +22,7 @@ from hotseat_common.audit_stream import (
 from hotseat_common.messages.audit import encode_event
 from hotseat_common.metrics import AuditPublishMetrics
 from hotseat_common.subjects import Subjects
+from tests.support.waiting import eventually
 
 
 async def _setup(
@@ -28,7 +32,7 @@ async def _setup(
     stream = f"AUDIT_{prefix}"
     await ensure_audit_stream(nc.jetstream(), AuditStreamSpec(name=stream, subjects=subjects))
     metrics = AuditPublishMetrics(CollectorRegistry())
-    return AuditPublisher(nc.jetstream(), subjects, metrics, **kwargs), metrics, stream
+    return AuditPublisher(nc, subjects, metrics, **kwargs), metrics, stream
 
 
 def _emit(publisher: AuditPublisher, count: int) -> set[str]:
@@ -104,3 +108,59 @@ async def test_events_that_come_one_at_a_time_are_published_together(
     assert sorted(await _stored_ids(nc, stream, prefix)) == sorted(ids)
     assert metrics.published._value.get() == 50
     assert metrics.batches._value.get() == 1
+
+
+async def test_events_with_no_stream_to_take_them_wait_for_one(nc: NatsClient, prefix: str) -> None:
+    """No stream holds the audit subjects yet: the server answers each publish with "no
+    responders", which is no ack. Nothing counts as published and the events stay; once
+    the stream exists they are stored, each once."""
+    subjects = Subjects(prefix)
+    metrics = AuditPublishMetrics(CollectorRegistry())
+    publisher = AuditPublisher(nc, subjects, metrics)
+    publisher.start()
+    try:
+        ids = _emit(publisher, 20)
+        await eventually(_value_of(metrics.batches, at_least=2))  # tried, and tried again
+        assert metrics.published._value.get() == 0
+        assert not await publisher.flush(0.01), "events no stream took count as published"
+        stream = f"AUDIT_{prefix}"
+        await ensure_audit_stream(nc.jetstream(), AuditStreamSpec(name=stream, subjects=subjects))
+        assert await publisher.flush(60), "the events were never acknowledged"
+    finally:
+        await publisher.close(5)
+    assert sorted(await _stored_ids(nc, stream, prefix)) == sorted(ids)
+    assert metrics.published._value.get() == 20
+
+
+async def test_events_the_stream_refuses_are_published_again(nc: NatsClient, prefix: str) -> None:
+    """The stream is full and refuses new messages (``discard: new``): JetStream answers
+    those publishes with an error, which is no ack. The refused events stay and are
+    published again; once the stream has room, every event is stored once."""
+    subjects = Subjects(prefix)
+    stream = f"AUDIT_{prefix}"
+    spec = AuditStreamSpec(name=stream, subjects=subjects)
+    full = spec.config()
+    full.discard, full.max_msgs = DiscardPolicy.NEW, 3
+    await nc.jetstream().add_stream(full)
+    metrics = AuditPublishMetrics(CollectorRegistry())
+    publisher = AuditPublisher(nc, subjects, metrics)
+    publisher.start()
+    try:
+        ids = _emit(publisher, 8)
+        await eventually(_value_of(metrics.published, at_least=3))
+        await eventually(_value_of(metrics.batches, at_least=2))  # the rest, tried again
+        assert metrics.published._value.get() == 3
+        assert not await publisher.flush(0.01), "events the stream refused count as published"
+        await nc.jetstream().update_stream(spec.config())
+        assert await publisher.flush(60), "the events were never acknowledged"
+    finally:
+        await publisher.close(5)
+    assert sorted(await _stored_ids(nc, stream, prefix)) == sorted(ids)
+    assert metrics.published._value.get() == 8
+
+
+def _value_of(counter: Any, *, at_least: float) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return bool(counter._value.get() >= at_least)
+
+    return check

@@ -66,7 +66,7 @@ async def make_runtime(
         announcer = Announcer(
             nc,
             subjects,
-            AuditPublisher(nc.jetstream(), subjects, metrics.audit_publish),
+            AuditPublisher(nc, subjects, metrics.audit_publish),
             metrics,
             "c1",
         )

@@ -31,7 +31,7 @@ async def test_a_contended_tick_does_not_end_the_supervisor(
     policy = PoolPolicy.from_config(pool)
     metrics = PoolMetrics(CollectorRegistry())
     subjects = Subjects(prefix)
-    publisher = AuditPublisher(nc.jetstream(), subjects, metrics.audit_publish)
+    publisher = AuditPublisher(nc, subjects, metrics.audit_publish)
     driver = build_driver(config, pool)
     runtime = PoolRuntime(
         pool,

@@ -111,7 +111,7 @@ async def rig(
     metrics = PoolMetrics(registry)
     subjects = Subjects(prefix)
     announcer = HeldAfterCommit(
-        nc, subjects, AuditPublisher(nc.jetstream(), subjects, metrics.audit_publish), metrics, "c1"
+        nc, subjects, AuditPublisher(nc, subjects, metrics.audit_publish), metrics, "c1"
     )
     driver = build_driver(config, pool)
     runner = SwapRunner(store, driver, policy, "c1", Outcomes(store, announcer))

@@ -133,7 +133,7 @@ async def test_a_lost_publish_ack_stores_the_retried_event_once(  # noqa: PLR091
     publisher_nc = await nats.connect(proxy.url("nats"), reconnect_time_wait=0.2)
     registry = CollectorRegistry()
     metrics = AuditPublishMetrics(registry)
-    publisher = AuditPublisher(publisher_nc.jetstream(), subjects, metrics)
+    publisher = AuditPublisher(publisher_nc, subjects, metrics)
     publisher.start()
     try:
         proxy.blackhole(DOWN)  # nothing comes back from the server from now on

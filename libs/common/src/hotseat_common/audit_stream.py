@@ -2,8 +2,11 @@
 
 Publishing never blocks a request: an event is encoded and appended to a bounded buffer,
 and a background task publishes what the buffer holds in batches: every event of a batch
-goes out at once (``Nats-Msg-Id`` = event id, each with its own publish ack), then the
-task waits for the batch's acks together. A batch is taken ``linger`` seconds after
+goes out at once as a message of its own (``Nats-Msg-Id`` = event id, each with its own
+publish ack), then the task waits for the batch's acks together. The acks come back on
+one subscription of the publisher (:class:`_AckInbox`, a reply subject per message)
+rather than a future per message: that halves what an event costs the process that
+publishes it (docs/adr/0002). A batch is taken ``linger`` seconds after
 the first event of it arrived (unless a full batch is already waiting), so that under
 load one wake-up, socket write and ack wait serve many events instead of one or two.
 An event stays in the publisher until JetStream acknowledged it; one whose ack did not
@@ -20,9 +23,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import orjson
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, PubAck, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, Header, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
 from hotseat_common.logging import get_logger
@@ -84,12 +91,96 @@ class _Pending(NamedTuple):
     data: bytes
 
 
+def _acknowledged(reply: bytes) -> bool:
+    """Whether a reply to a publish is JetStream's ack that the stream holds the message
+    (``{"stream": ..., "seq": ...}``, a duplicate included), not an error or a status."""
+    try:
+        ack = orjson.loads(reply)
+    except orjson.JSONDecodeError:
+        return False  # e.g. the empty body of a 503 "no responders": no stream took it
+    return isinstance(ack, dict) and "seq" in ack and "error" not in ack
+
+
+class _Attempt:
+    """One publish of a batch: its messages' reply subjects and which were acknowledged."""
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies = replies
+        self.index = {reply: index for index, reply in enumerate(replies)}
+        self.acked = [False] * len(replies)
+        self.answered = 0
+        self.expected = len(replies)
+        self.complete: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.refused: bytes | None = None
+        """The first reply that was not an ack, for the log."""
+
+    def answer(self, msg: Msg) -> None:
+        index = self.index.pop(msg.subject, None)
+        if index is None:
+            return
+        acked = self.acked[index] = _acknowledged(msg.data)
+        if not acked and self.refused is None:
+            self.refused = msg.data[:200] or repr(msg.headers).encode()
+        self.answered += 1
+        self._check()
+
+    def _check(self) -> None:
+        if self.answered >= self.expected and not self.complete.done():
+            self.complete.set_result(None)
+
+    async def wait(self, sent: int, timeout: float) -> list[bool]:
+        """Wait until the first ``sent`` messages are answered, or ``timeout``; per message,
+        whether JetStream acknowledged it."""
+        self.expected = sent
+        self._check()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.complete), timeout)
+        self.index.clear()  # a reply from now on is late: its message counts as not acked
+        return self.acked
+
+
+class _AckInbox:
+    """One subscription for every publish ack of a publisher: each message is sent with a
+    reply subject of its own (``<inbox>.<n>``, never reused), and the replies are matched
+    to the messages of the attempt in progress; a reply to an earlier attempt, late, is
+    ignored (that attempt's message was already counted as not acknowledged)."""
+
+    def __init__(self, nc: NatsClient) -> None:
+        self._nc = nc
+        self._prefix = ""
+        self._sub: Subscription | None = None
+        self._next = 0
+        self._attempt: _Attempt | None = None
+
+    async def open(self) -> None:
+        if self._sub is None:
+            self._prefix = self._nc.new_inbox()
+            self._sub = await self._nc.subscribe(f"{self._prefix}.*", cb=self._on_reply)
+
+    async def close(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(NatsError):
+                await sub.unsubscribe()
+
+    def begin(self, count: int) -> _Attempt:
+        """Start an attempt of ``count`` messages, with reply subjects never used before."""
+        first = self._next
+        self._next += count
+        self._attempt = _Attempt([f"{self._prefix}.{n}" for n in range(first, first + count)])
+        return self._attempt
+
+    async def _on_reply(self, msg: Msg) -> None:
+        if self._attempt is not None:
+            self._attempt.answer(msg)
+
+
 class AuditPublisher:
     """Buffers audit events and publishes them to JetStream in the background, in batches."""
 
     def __init__(
         self,
-        js: JetStreamContext,
+        nc: NatsClient,
         subjects: Subjects,
         metrics: AuditPublishMetrics,
         *,
@@ -97,7 +188,8 @@ class AuditPublisher:
         max_batch: int = MAX_BATCH,
         linger: float = LINGER_S,
     ) -> None:
-        self._js = js
+        self._nc = nc
+        self._acks = _AckInbox(nc)
         self._subjects = subjects
         self._metrics = metrics
         self._max_buffer = max_buffer
@@ -171,29 +263,27 @@ class AuditPublisher:
     async def _publish_once(self, batch: list[_Pending]) -> list[_Pending]:
         """Publish every event of ``batch``, then wait for their acks together; the events
         whose ack did not come (or said no) are returned, to be published again."""
-        futures: list[asyncio.Future[PubAck]] = []
+        acked: list[bool] = []
+        sent = 0
         try:
-            for item in batch:
-                future = await self._js.publish_async(
-                    item.subject, item.data, headers={"Nats-Msg-Id": item.event_id}
+            await self._acks.open()
+            attempt = self._acks.begin(len(batch))
+            for item, reply in zip(batch, attempt.replies, strict=True):
+                await self._nc.publish(
+                    item.subject, item.data, reply=reply, headers={Header.MSG_ID: item.event_id}
                 )
-                futures.append(future)  # kept one by one: a failure keeps those sent
+                sent += 1  # counted one by one: a failure keeps those sent
         except (NatsError, OSError) as exc:
             log.warning("audit_publish_failed", error=type(exc).__name__)
-        if futures:
+        if sent:
             self._metrics.batches.inc()
-            await asyncio.wait(futures, timeout=PUBLISH_TIMEOUT)
-        failed = []
-        acked = 0
-        for item, future in zip(batch, futures, strict=False):
-            if future.done() and not future.cancelled() and future.exception() is None:
-                acked += 1
-            else:
-                future.cancel()  # a late ack is dropped: the retry is acked instead
-                failed.append(item)
-        failed.extend(batch[len(futures) :])
-        if acked:
-            self._metrics.published.inc(acked)
+            acked = await attempt.wait(sent, PUBLISH_TIMEOUT)
+            if attempt.refused is not None:
+                log.warning("audit_publish_refused", reply=repr(attempt.refused))
+        failed = [item for item, ok in zip(batch, acked, strict=False) if not ok]
+        failed.extend(batch[len(acked) :])
+        if len(batch) > len(failed):
+            self._metrics.published.inc(len(batch) - len(failed))
         return failed
 
     async def flush(self, timeout: float) -> bool:
@@ -215,3 +305,4 @@ class AuditPublisher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        await self._acks.close()

@@ -78,7 +78,7 @@ def create_app(settings: ControllerSettings, config: HotseatConfig) -> FastAPI: 
             js = nc.jetstream()
             await ensure_audit_stream(js, AuditStreamSpec(settings.audit_stream, subjects))
             metrics = PoolMetrics(registry)
-            audit = AuditPublisher(js, subjects, metrics.audit_publish)
+            audit = AuditPublisher(nc, subjects, metrics.audit_publish)
             audit.start()
             stack.push_async_callback(audit.close, settings.shutdown_grace)
             announcer = Announcer(nc, subjects, audit, metrics, controller)

@@ -177,13 +177,12 @@ def create_app(
             stack.push_async_callback(asyncio.to_thread, tracing.shutdown)
             nc = await connect_nats(settings, name=f"hotseat-router-{name}")
             stack.push_async_callback(_drain, nc)
-            js = nc.jetstream()
             subjects = Subjects(settings.subject_prefix)
             await ensure_audit_stream(
-                js, AuditStreamSpec(name=settings.audit_stream, subjects=subjects)
+                nc.jetstream(), AuditStreamSpec(name=settings.audit_stream, subjects=subjects)
             )
             publisher = AuditPublisher(
-                js, subjects, metrics.audit_publish, max_buffer=settings.audit_buffer
+                nc, subjects, metrics.audit_publish, max_buffer=settings.audit_buffer
             )
             publisher.start()
             stack.push_async_callback(publisher.close, max(1.0, settings.shutdown_grace))
