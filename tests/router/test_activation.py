@@ -16,6 +16,7 @@ from hotseat_common.errors import (
     SwapFailed,
 )
 from tests.router.fake_activation import FakeActivation
+from tests.support.waiting import eventually
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "m", "messages": []}
@@ -239,6 +240,26 @@ async def test_lease_released_when_client_leaves_stream(pooled, client, audit):
         assert activation.released == []
     await asyncio.wait_for(activation.released_event.wait(), 3)
     assert activation.released == activation.granted
+
+
+async def test_streams_that_ended_no_longer_watch_their_lease(pooled, client, audit):
+    """Each stream watches its lease for a loss while it streams and stops when it ends,
+    however it ends: a lease shared by many requests keeps no trace of those that left."""
+    start, activation, fakes = pooled
+    router = await start()
+    for _ in range(3):
+        response = await client.post(router.url + CHAT, json={**BODY, "stream": True})
+        assert response.status_code == 200
+    fakes[0].mode = "stream_forever"
+    async with client.stream("POST", router.url + CHAT, json={**BODY, "stream": True}) as r:
+        await anext(r.aiter_raw())
+        assert activation.granted[-1].lost.watching == 1  # the stream in progress
+
+    async def all_released() -> bool:
+        return len(activation.released) == len(activation.granted) == 4
+
+    await eventually(all_released)
+    assert [lease.lost.watching for lease in activation.granted] == [0, 0, 0, 0]
 
 
 async def test_lost_lease_ends_stream_with_error(pooled, client, audit):

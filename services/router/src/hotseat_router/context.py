@@ -11,12 +11,16 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hotseat_common.config.model import Backend
 from hotseat_common.errors import ErrorCode
 from hotseat_router.asgi import CLIENT_LEFT, ClientLeftHook, Receive, Scope
 from hotseat_router.keepalive import HeldStream
 from hotseat_router.usage import Usage
+
+if TYPE_CHECKING:
+    from hotseat_router.activation.protocol import LeaseLoss
 
 
 @dataclass(slots=True)
@@ -58,6 +62,7 @@ class RequestContext:
     _task: asyncio.Task[object] | None = None
     _unwatch_client: ClientLeftHook | None = None
     _watchers: list[asyncio.Task[None]] = field(default_factory=list)
+    _lease_loss: LeaseLoss | None = None
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -129,14 +134,19 @@ class RequestContext:
         self._unwatch_client = hook["unwatch"]
         hook["watch"](self._client_gone)
 
-    def watch_lease(self, lost: asyncio.Event) -> asyncio.Task[None]:
-        """Interrupt the request when its lease is lost; the returned watcher is the
-        caller's to cancel when the lease is released."""
-        watcher = asyncio.create_task(self._lease_lost(lost))
-        self._watchers.append(watcher)
-        return watcher
+    def watch_lease(self, lost: LeaseLoss) -> None:
+        """Interrupt the request when its lease is lost, until :meth:`unwatch_lease` (the
+        caller's, before the lease is released)."""
+        self._lease_loss = lost
+        lost.watch(self._lease_gone)
+
+    def unwatch_lease(self) -> None:
+        lost, self._lease_loss = self._lease_loss, None
+        if lost is not None:
+            lost.unwatch(self._lease_gone)
 
     def stop_watching(self) -> None:
+        self.unwatch_lease()
         if self._unwatch_client is not None:
             self._unwatch_client(self._client_gone)
             self._unwatch_client = None
@@ -168,6 +178,5 @@ class RequestContext:
                 self._client_gone()
                 return
 
-    async def _lease_lost(self, lost: asyncio.Event) -> None:
-        await lost.wait()
+    def _lease_gone(self) -> None:
         self.interrupt(ErrorCode.LEASE_LOST)

@@ -68,11 +68,8 @@ class Relay:
         ctx.answered_by(backend, response.status)
         self._time_to_first_byte(self._router, backend.name).observe(ctx.elapsed())
         scope = dispatched.lease
-        lease_watch = (
+        if scope is not None and scope.lease.ttl_s > 0:
             ctx.watch_lease(scope.lease.lost)
-            if scope is not None and scope.lease.ttl_s > 0
-            else None
-        )
         failure: ErrorCode | None = None
         try:
             failure = await self._pump(ctx, dispatched, send)
@@ -82,8 +79,7 @@ class Relay:
                 self._audit.finish(ctx, RequestOutcome.CLIENT_DISCONNECTED, reason="cancelled")
                 raise
         finally:
-            if lease_watch is not None:
-                lease_watch.cancel()
+            ctx.unwatch_lease()
             response.close()
             if scope is not None:
                 await scope.close()

@@ -24,6 +24,7 @@ lease, whatever it has not yet heard: it must not dispatch on it or keep streami
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 from collections.abc import Callable
@@ -44,6 +45,56 @@ def new_attempt(router: str) -> str:
     return f"{router}-{os.urandom(9).hex()}"
 
 
+class LeaseLoss:
+    """Set once, when the controller refused a lease's renewal. Every request sharing the
+    lease is told through the callback it registered (:meth:`watch`), so a streaming
+    request needs no task of its own to notice; it can be awaited too."""
+
+    __slots__ = ("_callbacks", "_set", "_waiters")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._callbacks: list[Callable[[], None]] = []
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def is_set(self) -> bool:
+        return self._set
+
+    @property
+    def watching(self) -> int:
+        """How many requests watch it now (each stops watching as it ends)."""
+        return len(self._callbacks)
+
+    def set(self) -> None:
+        if self._set:
+            return
+        self._set = True
+        callbacks, self._callbacks = self._callbacks, []
+        waiters, self._waiters = self._waiters, []
+        for callback in callbacks:
+            callback()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the lease is lost (at once if it already is)."""
+        if self._set:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def unwatch(self, callback: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._callbacks.remove(callback)
+
+    async def wait(self) -> None:
+        if not self._set:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+
+
 @dataclass
 class Lease:
     """A granted activation lease on ``pool``/``member``."""
@@ -60,7 +111,7 @@ class Lease:
     swap_id: str | None = None
     """The swap this attempt waited for that made the member resident (audit only);
     ``None`` on a lease shared with another request."""
-    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    lost: LeaseLoss = field(default_factory=LeaseLoss)
     """Set when the controller refused a renewal: the member may no longer be resident."""
     valid_until: float = math.inf
     """Event-loop time until which the lease is certainly alive (``inf``: no controller)."""
