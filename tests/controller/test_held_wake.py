@@ -12,8 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 
 from hotseat_common.config.model import PoolActivation
+from hotseat_common.messages import PoolStateChanged
 from hotseat_common.subjects import Subjects
 from hotseat_router.activation.nats import NatsActivationClient
 from tests.support.stack import Stack, pool_stack_config
@@ -39,6 +41,12 @@ async def test_requests_held_through_a_swap_share_the_first_grant_after_it(
             turn += 1
 
     counter = asyncio.create_task(count_turns())
+    notified: list[PoolStateChanged] = []
+
+    async def record(msg: Msg) -> None:
+        notified.append(PoolStateChanged.from_bytes(msg.data))
+
+    await nc.subscribe(Subjects(prefix).pool_events("gpu0"), cb=record)
     async with NatsActivationClient(nc, Subjects(prefix), "r1") as client:
 
         async def acquire(member: str, name: str, mode: PoolActivation) -> Any:
@@ -68,6 +76,15 @@ async def test_requests_held_through_a_swap_share_the_first_grant_after_it(
         # Served only on the resident: every handle was granted after the commit.
         state = await stack.pool()
         assert (state["phase"], state["resident"]) == ("idle", "coder")
+        # The commit's notification, which woke them, names the state the commit stored
+        # (the controller publishes what its commit's script returned, with no read).
+        stored = [(state["epoch"], "idle", "coder", state["swapping"], state["closed"])]
+
+        async def commit_announced() -> bool:
+            last = [(n.epoch, n.phase, n.resident, n.target, bool(n.closed)) for n in notified]
+            return last[-1:] == stored
+
+        await eventually(commit_announced, timeout=10)
         assert len({lease.lease_id for lease in leases}) == 1  # one lease for all twenty
         # Busy is exact: one live lease while they are served, none once the last ends;
         # and none of them is left among the pool's waiters.

@@ -49,7 +49,11 @@ Invariants:
   waiter has waited ``maxWait``** (and the resident stayed ``minResidency``);
 - at the end every waiting request is answered: granted, skipped (IfIdle), or refused
   with an error the contract allows for what happened (a failed swap; a full queue, only
-  when the decision saw the queue at its cap).
+  when the decision saw the queue at its cap);
+- **every state-change notification names the state the store holds when it goes out**
+  (epoch, phase, resident, target, closed and closing members, swap id): the
+  notifications of the runners' steps and of the machine's own decisions go through the
+  real :class:`Outcomes`, and the store is read, without yielding to the loop, at each.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -78,6 +83,7 @@ from hotseat_common.messages import (
     Granted,
     IncumbentBusyReply,
     PoolOutcome,
+    PoolStateChanged,
     WaitReply,
 )
 from hotseat_common.settings import RedisSettings
@@ -96,14 +102,17 @@ from hotseat_pool_controller.drivers.base import DriverError, Fenced
 from hotseat_pool_controller.model import (
     IN_FLIGHT,
     AcquireAsk,
+    AuditIntent,
     Decision,
     Phase,
     PoolPolicy,
     PoolSnapshot,
     SwapOrder,
 )
+from hotseat_pool_controller.runtime.announcer import Announcer, state_message
 from hotseat_pool_controller.runtime.outcomes import Outcomes
 from hotseat_pool_controller.runtime.swaps import SwapRunner
+from hotseat_pool_controller.store.codec import decode_snapshot
 from hotseat_pool_controller.store.link import RedisLink
 from hotseat_pool_controller.store.pool import PoolStore, Renewal
 from tests.support.virtual_clock import VirtualClock, VirtualLoop, until_parked
@@ -322,13 +331,18 @@ class GatedDriver:
         return None
 
 
-class QuietOutcomes(Outcomes):
-    """The runner's outcomes, told to no one (audit and notifications are not under test)."""
+class CheckedAnnouncer(Announcer):
+    """What :class:`Outcomes` tells the world: each state-change notification, as the
+    controller would publish it, is handed to ``check`` in the moment it goes out; audit
+    events and metrics are not under test."""
 
-    def __init__(self) -> None:
-        pass
+    def __init__(self, check: Callable[[PoolStateChanged], None]) -> None:
+        self._check = check
 
-    async def report(self, decision: Decision, reason: str) -> None:
+    async def state_changed(self, pool: str, snap: PoolSnapshot, reason: str) -> None:
+        self._check(state_message(pool, snap, reason))
+
+    def transition(self, pool: str, intent: AuditIntent) -> None:
         return None
 
 
@@ -388,6 +402,10 @@ class ControllerMachine(RuleBasedStateMachine):
             RedisSettings(redis_url=self.redis_url), timeout=STORE_TIMEOUT_S, clock=self.clock
         )
         self.store = PoolStore(self.link, Keys("p" + uuid.uuid4().hex[:10]), self.policy)
+        self.outcomes = Outcomes(self.store, CheckedAnnouncer(self.notified))
+        # The store as it is in the moment of a notification: read blocking the loop, so
+        # that no runner, controller or router moves it meanwhile.
+        self.blocking = redis.Redis.from_url(self.redis_url, decode_responses=True)
         self.gpu = SimGpu()
         self.driver = GatedDriver(self.gpu, self.serving)
         self.leases: dict[str, Held] = {}
@@ -420,21 +438,46 @@ class ControllerMachine(RuleBasedStateMachine):
         self.run(stop_swaps())
         self.run(self.store.reset())
         self.run(self.redis.aclose())
+        self.blocking.close()
         self.run(self.link.aclose())
         self.loop.close()
 
     def snapshot(self, attempt: str = "") -> PoolSnapshot:
         return self.run(self.store.snapshot(attempt))
 
+    def notified(self, message: PoolStateChanged) -> None:
+        """A state-change notification goes out: it names the state stored now."""
+        state = self.blocking.hgetall(self.store.keys.pool_state(self.policy.name))
+        stored = decode_snapshot(
+            {
+                "now": self.clock.ms,
+                "state": [x for field in state.items() for x in field],
+                "stale": bool(state) and state.get("store") != self.link.server_id,
+            }
+        )
+        assert message == state_message(self.policy.name, stored, message.reason), (
+            message,
+            state,
+        )
+        ControllerMachine.events["state change announced"] += 1
+
     def decide(self, decide, attempt: str = "") -> Decision:  # type: ignore[no-untyped-def]
-        decision, _ = self.run(self.store.decide(decide, attempt))
+        """What Transitions.decide does, its reads of /slots aside (:meth:`decide_busy`):
+        decide and apply, then report what the commit did."""
+
+        async def decided() -> Decision:
+            decision, after = await self.store.decide(decide, attempt)
+            await self.outcomes.report(decision, after, "decision")
+            return decision
+
+        decision = self.run(decided())
         if decision.swap is not None:
             self.start_swap(decision.swap, self.owner_of(decision))
         return decision
 
     def start_swap(self, order: SwapOrder, owner: str) -> None:
         """What PoolRuntime does with a swap order: the real runner, in its own task."""
-        runner = SwapRunner(self.store, self.driver, self.policy, owner, QuietOutcomes())
+        runner = SwapRunner(self.store, self.driver, self.policy, owner, self.outcomes)
         self.n += 1
         key = self.n
 
@@ -895,16 +938,16 @@ class ControllerMachine(RuleBasedStateMachine):
         decision made on the snapshot without that lease must not start unloading the
         resident (the write's zero-lease precondition refuses it; decided again, it sees
         the lease)."""
-        original = self.store.apply
+        original = self.store.commit
         raced: list[str] = []
 
-        async def apply(decision: Decision):  # type: ignore[no-untyped-def]
+        async def commit(decision: Decision):  # type: ignore[no-untyped-def]
             if not raced:
                 raced.append("done")
                 await self._grant_resident(client)
             return await original(decision)
 
-        self.store.apply = apply  # type: ignore[method-assign]
+        self.store.commit = commit  # type: ignore[method-assign]
         try:
             if action == "acquire":
                 self.acquire(member, PoolActivation.WAIT, "c1", client)
@@ -915,7 +958,7 @@ class ControllerMachine(RuleBasedStateMachine):
             else:
                 self.admin_unload("c2")
         finally:
-            del self.store.apply
+            del self.store.commit
 
     async def _grant_resident(self, client: str) -> None:
         snap = await self.store.snapshot()
@@ -1175,7 +1218,7 @@ def test_short_clocks_lapse_inside_runs(machine: type[ControllerMachine]) -> Non
     ControllerMachine.events.clear()
     run_to_quiescence(closing(machine), examples=100, steps=60, derandomize=True)
     print(dict(ControllerMachine.events))
-    for event in (*TIMED_EVENTS, "maxWait close"):
+    for event in (*TIMED_EVENTS, "maxWait close", "state change announced"):
         assert ControllerMachine.events[event] > 0, (event, ControllerMachine.events)
 
 

@@ -20,6 +20,21 @@ from hotseat_pool_controller.store.pool import ExpiredLease
 log = get_logger(__name__)
 
 
+def state_message(pool: str, snap: PoolSnapshot, reason: str) -> PoolStateChanged:
+    """The state-change notification that names ``snap``."""
+    return PoolStateChanged(
+        pool=pool,
+        epoch=snap.epoch,
+        phase=snap.phase.value,
+        resident=snap.resident,
+        target=snap.target,
+        reason=reason,
+        closed=True if snap.closed else None,
+        closing=sorted(snap.closing) or None,
+        swap_id=snap.swap_id if snap.phase in IN_FLIGHT else None,
+    )
+
+
 class Announcer:
     def __init__(
         self,
@@ -36,17 +51,8 @@ class Announcer:
         self.controller = controller
 
     async def state_changed(self, pool: str, snap: PoolSnapshot, reason: str) -> None:
-        message = PoolStateChanged(
-            pool=pool,
-            epoch=snap.epoch,
-            phase=snap.phase.value,
-            resident=snap.resident,
-            target=snap.target,
-            reason=reason,
-            closed=True if snap.closed else None,
-            closing=sorted(snap.closing) or None,
-            swap_id=snap.swap_id if snap.phase in IN_FLIGHT else None,
-        )
+        """Publish ``snap`` (the pool as a commit left it) to the routers, and count it."""
+        message = state_message(pool, snap, reason)
         try:
             await self._nc.publish(self._subjects.pool_events(pool), message.to_bytes())
         except NatsError as exc:

@@ -198,12 +198,12 @@ class SwapRunner:
             lost = decision is None
             return decision or NOTHING
 
-        decision, _ = await self._store.decide(decide)
+        decision, after = await self._store.decide(decide)
         if lost:
             raise OwnershipLost
         if tally is not None:
             decision = tally.attach(decision)
-        await self._outcomes.report(decision, reason)
+        await self._outcomes.report(decision, after, reason)
         return decision
 
     async def run(self, order: SwapOrder) -> SwapRan:

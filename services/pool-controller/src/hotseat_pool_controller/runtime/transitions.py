@@ -32,7 +32,7 @@ class Transitions:
 
     async def decide(self, decide: Decide, attempt: str = "") -> Decision:
         read: dict[str, bool | None] = {}
-        decision, _ = await self._store.decide(lambda s: decide(s, dict(read)), attempt)
+        decision, after = await self._store.decide(lambda s: decide(s, dict(read)), attempt)
         # Each round reads at least one member not read before: at most one per member.
         for _ in range(self._members):
             members = [m for m in decision.need_idle_check if m not in read]
@@ -40,8 +40,8 @@ class Transitions:
                 break
             busy = await asyncio.gather(*(slots_busy(self._driver, m, self._pool) for m in members))
             read.update(zip(members, busy, strict=True))
-            decision, _ = await self._store.decide(lambda s: decide(s, dict(read)), attempt)
-        await self._outcomes.report(decision, "decision")
+            decision, after = await self._store.decide(lambda s: decide(s, dict(read)), attempt)
+        await self._outcomes.report(decision, after, "decision")
         if decision.swap is not None:
             self._swaps.start(decision.swap)
         return decision

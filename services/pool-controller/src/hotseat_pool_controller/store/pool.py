@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Any
 
 import orjson
 
@@ -98,11 +99,10 @@ class PoolStore:
 
     # --- reads --------------------------------------------------------------------
 
-    async def snapshot(self, attempt: str = "", *, deadlines: bool = False) -> PoolSnapshot:
-        """The pool, and (``attempt`` given) whether that attempt waits or holds a lease;
-        ``deadlines``: each member's first lease expiry and waiter deadline too."""
+    def _read_spec(self, attempt: str = "", *, deadlines: bool = False) -> dict[str, Any]:
+        """What a read of the pool reads (scripts._READ)."""
         k = self._keys
-        spec = {
+        return {
             "state": k.state,
             "deadlines": deadlines,
             "members": k.member_specs(),
@@ -112,42 +112,64 @@ class PoolStore:
             "lease_keys": {m.name: m.leases for m in k.members.values()},
             "swap_times": k.swap_times,
         }
-        raw = await self.link.script(
-            self._snapshot, keys=k.all, args=[orjson.dumps(spec)], identified=True
-        )
+
+    def _decoded(self, raw: str | bytes) -> PoolSnapshot:
         snap = decode_snapshot(orjson.loads(raw))
         surplus = self.surplus()
         return replace(snap, surplus=surplus) if surplus else snap
 
+    async def snapshot(self, attempt: str = "", *, deadlines: bool = False) -> PoolSnapshot:
+        """The pool, and (``attempt`` given) whether that attempt waits or holds a lease;
+        ``deadlines``: each member's first lease expiry and waiter deadline too."""
+        spec = self._read_spec(attempt, deadlines=deadlines)
+        raw = await self.link.script(
+            self._snapshot, keys=self._keys.all, args=[orjson.dumps(spec)], identified=True
+        )
+        return self._decoded(raw)
+
     # --- decisions ----------------------------------------------------------------
 
     async def apply(self, decision: Decision) -> Applied:
+        applied, _ = await self.commit(decision)
+        return applied
+
+    async def commit(self, decision: Decision) -> tuple[Applied, PoolSnapshot | None]:
+        """Apply the decision's writes if its preconditions hold. A decision that changes
+        the state (``changes_state``) and was applied comes back with the pool as its
+        writes left it, read by the same script: the state the store holds at its commit,
+        whatever other replicas do after (``None`` for any other decision, or one not
+        applied)."""
         if not decision.ops:
-            return Applied.OK
-        spec = {
+            return Applied.OK, None
+        spec: dict[str, Any] = {
             "state": self._keys.state,
             "pre": encode_pre(decision.pre, self._keys),
             "ops": [encode_op(op, self._keys) for op in decision.ops],
         }
+        if decision.changes_state:
+            spec["read"] = self._read_spec()
         result = await self.link.script(
             self._apply, keys=self._keys.all, args=[orjson.dumps(spec)], identified=True
         )
-        return Applied(int(result))
+        if isinstance(result, str | bytes):
+            return Applied.OK, self._decoded(result)
+        return Applied(int(result)), None
 
     async def decide(
         self, decide: Callable[[PoolSnapshot], Decision], attempt: str = ""
-    ) -> tuple[Decision, PoolSnapshot]:
+    ) -> tuple[Decision, PoolSnapshot | None]:
         """Snapshot, decide, apply; again from a fresh snapshot while a precondition broke.
         A decision whose waiter cap was reached meanwhile is answered as it said
-        (``pre.over_cap``); returns the decision applied and the snapshot it was made on."""
+        (``pre.over_cap``). Returns the decision applied and, when it changed the state,
+        the pool as its commit left it (:meth:`commit`; ``None`` otherwise)."""
         for _ in range(MAX_ATTEMPTS):
             snap = await self.snapshot(attempt)
             decision = decide(snap)
-            applied = await self.apply(decision)
+            applied, after = await self.commit(decision)
             if applied is Applied.OK:
-                return decision, snap
+                return decision, after
             if applied is Applied.QUEUE_FULL:
-                return Decision(reply=decision.pre.over_cap), snap
+                return Decision(reply=decision.pre.over_cap), None
         raise ConflictError(f"pool {self.policy.name}: decision lost {MAX_ATTEMPTS} races")
 
     async def grant_if_resident(

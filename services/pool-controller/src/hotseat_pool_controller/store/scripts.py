@@ -29,74 +29,85 @@ local since = '(' .. now
 """
 )
 
-SNAPSHOT = (
-    _NOW
-    + """
-local spec = cjson.decode(ARGV[1])
-local store = ARGV[2] or ''
-local out = {now = now, state = redis.call('HGETALL', spec.state), members = {}}
-if store ~= '' and #out.state > 0 and (redis.call('HGET', spec.state, 'store') or '') ~= store then
-  out.stale = true
-end
-for i, m in ipairs(spec.members) do
-  local entry = {
-    name = m.name,
-    leases = redis.call('ZCOUNT', m.leases, since, '+inf'),
-    waiters = redis.call('ZCOUNT', m.waiters, since, '+inf'),
-    waiting = 0,
-    swap_times = redis.call('LRANGE', m.swap_times, 0, 9),
-    drain_times = redis.call('LRANGE', m.drain_times, 0, 9),
-    request_times = redis.call('LRANGE', m.request_times, 0, 9),
-  }
-  if entry.waiters > 0 then
-    -- The most urgent live waiter (expired ones wait for the reaper at the front).
-    local ranked = redis.call('ZRANGE', m.urgency, 0, -1, 'WITHSCORES')
-    for j = 1, #ranked, 2 do
-      local d = redis.call('ZSCORE', m.waiters, ranked[j])
-      if d and tonumber(d) > now then
-        entry.urgent = tonumber(ranked[j + 1])
-        break
+_READ = """
+-- The pool as it is now: its state hash, and each member's live leases and waiters
+-- (``spec`` names the keys; ``store`` is this server's run id, '' when not identified).
+local function read_pool(spec, store)
+  local out = {now = now, state = redis.call('HGETALL', spec.state), members = {}}
+  if store ~= '' and #out.state > 0
+      and (redis.call('HGET', spec.state, 'store') or '') ~= store then
+    out.stale = true
+  end
+  for i, m in ipairs(spec.members) do
+    local entry = {
+      name = m.name,
+      leases = redis.call('ZCOUNT', m.leases, since, '+inf'),
+      waiters = redis.call('ZCOUNT', m.waiters, since, '+inf'),
+      waiting = 0,
+      swap_times = redis.call('LRANGE', m.swap_times, 0, 9),
+      drain_times = redis.call('LRANGE', m.drain_times, 0, 9),
+      request_times = redis.call('LRANGE', m.request_times, 0, 9),
+    }
+    if entry.waiters > 0 then
+      -- The most urgent live waiter (expired ones wait for the reaper at the front).
+      local ranked = redis.call('ZRANGE', m.urgency, 0, -1, 'WITHSCORES')
+      for j = 1, #ranked, 2 do
+        local d = redis.call('ZSCORE', m.waiters, ranked[j])
+        if d and tonumber(d) > now then
+          entry.urgent = tonumber(ranked[j + 1])
+          break
+        end
       end
     end
-  end
-  if spec.deadlines then
-    -- What a supervisor sleeps on (docs/adr/0011): the earliest live lease's expiry and
-    -- the earliest live waiter's deadline.
-    local first = {'WITHSCORES', 'LIMIT', 0, 1}
-    if entry.leases > 0 then
-      entry.expiry = redis.call('ZRANGEBYSCORE', m.leases, since, '+inf', unpack(first))[2]
+    if spec.deadlines then
+      -- What a supervisor sleeps on (docs/adr/0011): the earliest live lease's expiry and
+      -- the earliest live waiter's deadline.
+      local first = {'WITHSCORES', 'LIMIT', 0, 1}
+      if entry.leases > 0 then
+        entry.expiry = redis.call('ZRANGEBYSCORE', m.leases, since, '+inf', unpack(first))[2]
+      end
+      if entry.waiters > 0 then
+        entry.deadline = redis.call('ZRANGEBYSCORE', m.waiters, since, '+inf', unpack(first))[2]
+      end
     end
-    if entry.waiters > 0 then
-      entry.deadline = redis.call('ZRANGEBYSCORE', m.waiters, since, '+inf', unpack(first))[2]
+    if spec.attempt ~= '' then
+      local s = redis.call('ZSCORE', m.waiters, spec.attempt)
+      if s and tonumber(s) > now then entry.waiting = 1 end
     end
+    out.members[i] = entry
   end
   if spec.attempt ~= '' then
-    local s = redis.call('ZSCORE', m.waiters, spec.attempt)
-    if s and tonumber(s) > now then entry.waiting = 1 end
-  end
-  out.members[i] = entry
-end
-if spec.attempt ~= '' then
-  local lease = redis.call('HGET', spec.attempt_leases, spec.attempt)
-  if lease then
-    local meta = redis.call('HGET', spec.lease_meta, lease)
-    if meta then
-      local m = cjson.decode(meta)
-      local key = spec.lease_keys[m.member]
-      local s = key and redis.call('ZSCORE', key, lease)
-      if s and tonumber(s) > now then
-        out.lease = {id = lease, member = m.member, epoch = tostring(m.epoch), expiry = s}
+    local lease = redis.call('HGET', spec.attempt_leases, spec.attempt)
+    if lease then
+      local meta = redis.call('HGET', spec.lease_meta, lease)
+      if meta then
+        local m = cjson.decode(meta)
+        local key = spec.lease_keys[m.member]
+        local s = key and redis.call('ZSCORE', key, lease)
+        if s and tonumber(s) > now then
+          out.lease = {id = lease, member = m.member, epoch = tostring(m.epoch), expiry = s}
+        end
       end
     end
   end
+  out.swap_times = redis.call('LRANGE', spec.swap_times, 0, 9)
+  return cjson.encode(out)
 end
-out.swap_times = redis.call('LRANGE', spec.swap_times, 0, 9)
-return cjson.encode(out)
+"""
+"""Reading a pool, defined once: the snapshot is this read alone; a commit that changes
+the state returns it, made after its writes (:data:`APPLY`)."""
+
+SNAPSHOT = (
+    _NOW
+    + _READ
+    + """
+return read_pool(cjson.decode(ARGV[1]), ARGV[2] or '')
 """
 )
 
 APPLY = (
     _NOW
+    + _READ
     + """
 local spec = cjson.decode(ARGV[1])
 local pre = spec.pre
@@ -172,6 +183,9 @@ for _, op in ipairs(spec.ops) do
 end
 -- A rebuilt state is this server's from now on.
 if pre.state_unknown and store ~= '' then redis.call('HSET', state, 'store', store) end
+-- A commit that changes the state answers with the pool as it left it, read in the same
+-- script: what the state-change notification names, with no other read (ADR 0004).
+if spec.read then return read_pool(spec.read, store) end
 return 1
 """
 )
