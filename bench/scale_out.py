@@ -21,7 +21,9 @@ the first held request's arrival at the member (its own request log), another to
 ``serve_start`` in the sims' ledger (millisecond resolution): one host, one clock, read
 by the processes that lived each moment. The client's view (this process receiving the
 commit's notification, then the first held response's headers) is printed beside them:
-the held streams load this process, so it is late to both. The pool then swaps back,
+the held streams load this process, so it is late to both. So is the commit to its
+state-change notification received here (this host's clock both ends; the held
+requests are all waiting then, so this process is seldom busy). The pool then swaps back,
 ``--swaps`` times; ``--matrix ""`` runs the wake-up alone.
 
     .venv/bin/python bench/scale_out.py [--requests 2000] [--concurrency 8]
@@ -271,6 +273,7 @@ async def wake_up(args: argparse.Namespace, held: int) -> None:
     try:
         url = fleet.routers[0].url
         commits: dict[str, asyncio.Future[float]] = {}
+        announced: dict[str, float] = {}  # member -> the commit's notification here (time.time)
         committed_at: dict[str, asyncio.Future[float]] = {}
 
         async def on_change(msg: Any) -> None:
@@ -278,6 +281,7 @@ async def wake_up(args: argparse.Namespace, held: int) -> None:
             future = commits.get(changed.resident or "")
             if changed.phase == "idle" and future is not None and not future.done():
                 future.set_result(time.monotonic())
+                announced[changed.resident or ""] = time.time()
 
         async def on_commit(msg: Any) -> None:
             event = AuditEvent.from_bytes(msg.data)
@@ -290,6 +294,7 @@ async def wake_up(args: argparse.Namespace, held: int) -> None:
         assert fleet.infra.sims_redis is not None
         ledger = aioredis.from_url(fleet.infra.sims_redis.url)
         client_view: list[float] = []
+        notified: list[float] = []
         arrivals: list[float] = []
         serves: list[float] = []
         limits = httpx.Limits(max_connections=held + 10, max_keepalive_connections=held + 10)
@@ -318,6 +323,7 @@ async def wake_up(args: argparse.Namespace, held: int) -> None:
                 await asyncio.gather(*(one(member) for _ in range(held)))
                 commit = await committed_at[member]
                 client_view.append(first.result() - await commits[member])
+                notified.append(announced[member] - commit)
                 seen = (await http.get(sim + "/debug/requests")).json()["requests"]
                 arrivals.append(min(r["time"] for r in seen) - commit)
                 serves.append(await first_serve(ledger, member, commit) - commit)
@@ -328,7 +334,8 @@ async def wake_up(args: argparse.Namespace, held: int) -> None:
         print(
             f"  {held:>3} held, commit -> first held request received by the member"
             f" {figures(arrivals)};  -> its serve_start (ledger, 1 ms) {figures(serves)};"
-            f"  client's view {figures(client_view)}  ({len(arrivals)} swaps)",
+            f"  client's view {figures(client_view)};  commit -> its notification here"
+            f" {figures(notified)}  ({len(arrivals)} swaps)",
             flush=True,
         )
     finally:

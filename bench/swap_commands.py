@@ -7,7 +7,9 @@ answers, transitions, the swap runner) with an instant residency driver and no
 supervisor; the swap's heartbeat is due far later than the swap ends, so the counts are
 the same at every run. One sample: a request for the member not resident asks (and
 waits; the swap starts), the swap runs to its commit, the request asks again (granted)
-and releases its lease. The state-change notifications are counted, not published.
+and releases its lease. The state-change notifications are counted, not published, and
+timed: from the commit's reply read (the apply script returning) to the notification
+handed to the announcer, on one otherwise idle event loop.
 
 Run: ``.venv/bin/python bench/swap_commands.py [swaps]`` (default 20).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import tempfile
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -73,12 +76,17 @@ class InstantDriver:
 
 
 class CountingAnnouncer(Announcer):
-    """Counts the state-change notifications; publishes nothing, audits nothing."""
+    """Counts and times the state-change notifications; publishes nothing, audits
+    nothing."""
 
     notifications = 0
+    committed = 0.0
+    """When the last commit's reply was read (``time.perf_counter``)."""
+    delays: list[float] = []  # noqa: RUF012 - one announcer per run
 
     async def state_changed(self, pool: str, snap: PoolSnapshot, reason: str) -> None:
         CountingAnnouncer.notifications += 1
+        CountingAnnouncer.delays.append(time.perf_counter() - CountingAnnouncer.committed)
 
     def audit(self, pool: str, intent: AuditIntent) -> None:
         return None
@@ -129,8 +137,12 @@ async def main(swaps: int) -> None:
         script = link.script
 
         async def counted(lua: LuaScript, *args: Any, **kwargs: Any) -> Any:
-            trips[names.get(lua.sha, "other")] += 1
-            return await script(lua, *args, **kwargs)
+            name = names.get(lua.sha, "other")
+            trips[name] += 1
+            result = await script(lua, *args, **kwargs)
+            if name == "apply":
+                CountingAnnouncer.committed = time.perf_counter()
+            return result
 
         link.script = counted  # type: ignore[method-assign]
 
@@ -150,6 +162,7 @@ async def main(swaps: int) -> None:
         await one_swap(0, "b")  # warm-up: every script loaded
         trips.clear()
         notified = CountingAnnouncer.notifications
+        CountingAnnouncer.delays.clear()
         before = await commandstats(link)
         for i in range(1, swaps + 1):
             await one_swap(i, "a" if i % 2 else "b")
@@ -164,6 +177,9 @@ async def main(swaps: int) -> None:
               + ", ".join(f"{k} {v / swaps:.2f}" for k, v in sorted(ran.items())))  # fmt: skip
         notifications = CountingAnnouncer.notifications - notified
         print(f"  state-change notifications {notifications / swaps:.2f}")
+        delays = sorted(CountingAnnouncer.delays)
+        print(f"  commit's reply -> its notification: p50 {delays[len(delays) // 2] * 1e3:.3f} ms,"
+              f" max {delays[-1] * 1e3:.3f} ms ({len(delays)})")  # fmt: skip
         await link.aclose()
     finally:
         redis.stop()
