@@ -348,6 +348,21 @@ def stored(dsn: str) -> tuple[int, int, Counter[str], int]:
     return int(rows), int(distinct), by_outcome, int(dead)
 
 
+def swaps_without_start(dsn: str) -> int:
+    """Swaps whose end is stored but not their ``swap_started``: the controller that
+    started them was killed with that event still in its publisher's buffer (never
+    acknowledged by JetStream), and another controller took the swap over and ended it."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(DISTINCT swap_id) FROM audit_events e"
+            " WHERE kind = 'pool' AND swap_id IS NOT NULL"
+            " AND outcome IN ('swap_completed', 'swap_failed', 'swap_cancelled')"
+            " AND NOT EXISTS (SELECT 1 FROM audit_events s"
+            "  WHERE s.swap_id = e.swap_id AND s.outcome = 'swap_started')"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def request_ids(dsn: str) -> Counter[str]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT request_id FROM audit_events WHERE kind = 'request'").fetchall()
@@ -491,6 +506,7 @@ async def run(args: argparse.Namespace) -> int:
             accepted, landed = await settle(dsn, nats_proc.url)
             rows, distinct, by_outcome, dead = await asyncio.to_thread(stored, dsn)
             ids = await asyncio.to_thread(request_ids, dsn)
+            unstarted = await asyncio.to_thread(swaps_without_start, dsn)
             ledger = await verdicts(redis_proc.url, sims)
         finally:
             for sim in sims:  # a sim left stopped by an interrupted run
@@ -517,7 +533,8 @@ async def run(args: argparse.Namespace) -> int:
         f"on {REUSED_IDS} client request ids shared by clients on both routers",
         "crashes": f"{sum(tally.crashes.values())} {_counts(tally.crashes)}".strip(),
         "never answered": str(tally.statuses[NEVER_ANSWERED]),
-        "swaps": _counts(Counter(swaps)),
+        "swaps": f"{_counts(Counter(swaps))}; ended without a stored start {unstarted} (its"
+        " start lost in a killed controller's buffer)",
         "busy skips": str(by_outcome["busy_skip"]),
         "leases expired": str(by_outcome["lease_expired"]),
         "audit": f"accepted by JetStream {accepted}, stored {landed} ({rows} events + "
