@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from hotseat_common.config import parse_config
 from hotseat_common.errors import IncumbentBusy
+from hotseat_router.activation.protocol import LeaseLoss
 from hotseat_router.auth import ApiKeyCheck
 from hotseat_router.body import parse_body
 from hotseat_router.errors import (
@@ -157,3 +160,33 @@ def test_error_answers():
     assert not any(name == b"retry-after" for name, _ in headers)
     assert retry_after_seconds(None) == 1
     assert retry_after_seconds(0.01) == 1
+
+
+async def test_a_lease_loss_tells_its_watchers_in_order_once():
+    """Each request sharing a lease registers a callback; those still registered when the
+    lease is lost are called once, in the order they came; one that ended (unwatched) is
+    not; one registered after the loss is called at once; a waiter that gave up is gone."""
+    loss = LeaseLoss()
+    called: list[str] = []
+    callbacks = {name: (lambda name=name: called.append(name)) for name in "abcd"}
+    for name in "abcd":
+        loss.watch(callbacks[name])
+    loss.unwatch(callbacks["b"])
+    loss.unwatch(callbacks["b"])  # twice: nothing
+    assert loss.watching == 3
+    gave_up = asyncio.ensure_future(loss.wait())
+    await asyncio.sleep(0)
+    gave_up.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gave_up
+    assert loss.waiting == 0
+    waiting = asyncio.ensure_future(loss.wait())
+    await asyncio.sleep(0)
+    assert loss.waiting == 1
+    loss.set()
+    loss.set()
+    await asyncio.wait_for(waiting, 1)
+    assert called == ["a", "c", "d"]
+    assert loss.watching == 0
+    loss.watch(lambda: called.append("late"))
+    assert called == ["a", "c", "d", "late"]

@@ -24,7 +24,6 @@ lease, whatever it has not yet heard: it must not dispatch on it or keep streami
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import os
 from collections.abc import Callable
@@ -54,8 +53,9 @@ class LeaseLoss:
 
     def __init__(self) -> None:
         self._set = False
-        self._callbacks: list[Callable[[], None]] = []
-        self._waiters: list[asyncio.Future[None]] = []
+        self._callbacks: dict[Callable[[], None], None] = {}
+        """In the order they came (a dict: a request's ``unwatch`` takes no scan)."""
+        self._waiters: set[asyncio.Future[None]] = set()
 
     def is_set(self) -> bool:
         return self._set
@@ -65,12 +65,17 @@ class LeaseLoss:
         """How many requests watch it now (each stops watching as it ends)."""
         return len(self._callbacks)
 
+    @property
+    def waiting(self) -> int:
+        """How many :meth:`wait` calls are waiting now (one that gave up is not)."""
+        return len(self._waiters)
+
     def set(self) -> None:
         if self._set:
             return
         self._set = True
-        callbacks, self._callbacks = self._callbacks, []
-        waiters, self._waiters = self._waiters, []
+        callbacks, self._callbacks = self._callbacks, {}
+        waiters, self._waiters = self._waiters, set()
         for callback in callbacks:
             callback()
         for waiter in waiters:
@@ -82,17 +87,19 @@ class LeaseLoss:
         if self._set:
             callback()
         else:
-            self._callbacks.append(callback)
+            self._callbacks[callback] = None
 
     def unwatch(self, callback: Callable[[], None]) -> None:
-        with contextlib.suppress(ValueError):
-            self._callbacks.remove(callback)
+        self._callbacks.pop(callback, None)
 
     async def wait(self) -> None:
         if not self._set:
             waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            await waiter
+            self._waiters.add(waiter)
+            try:
+                await waiter
+            finally:  # a waiter that gave up leaves nothing behind
+                self._waiters.discard(waiter)
 
 
 @dataclass
