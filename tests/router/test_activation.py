@@ -132,6 +132,36 @@ async def test_all_busy_is_503_with_retry_after(pooled, client, audit):
     assert sorted(s["member"] for s in skips) == ["a", "b"]
 
 
+def sample(metrics: str, name: str, **labels: str) -> float:
+    """The value of ``name`` whose labels include ``labels`` (0 when there is none)."""
+    for line in metrics.splitlines():
+        series, _, value = line.rpartition(" ")
+        if series.startswith(name + "{") and all(
+            f'{key}="{want}"' in series for key, want in labels.items()
+        ):
+            return float(value)
+    return 0.0
+
+
+async def test_each_hold_is_observed_with_how_it_ended(pooled, client):
+    """One request skips a (busy) and is served by b: the router's hold metrics count a
+    hold ended ``busy`` on a and one ``granted`` on b, both by priority, and none held."""
+    start, activation, _ = pooled
+    activation.errors["a"] = IncumbentBusy("busy", retry_after=2)
+    router = await start()
+    response = await client.post(router.url + CHAT, json=BODY)
+    assert response.headers["x-hotseat-backend"] == "b"
+    metrics = (await client.get(router.url + "/metrics")).text
+    hold = "hotseat_pool_hold_duration_seconds_count"
+    assert sample(metrics, hold, pool="gpu0", member="a", result="busy") == 1
+    assert sample(metrics, hold, pool="gpu0", member="b", result="granted") == 1
+    assert sample(metrics, hold, result="granted", member="a") == 0
+    assert sample(metrics, "hotseat_pool_hold_by_priority_seconds_count", pool="gpu0") == 2
+    for member in ("a", "b"):
+        assert sample(metrics, "hotseat_pool_held_requests", member=member) == 0
+    assert 'hotseat_pool_held_requests{member="a",pool="gpu0"' in metrics
+
+
 async def test_retry_after_is_at_least_one_second(pooled, client):
     """A sub-second or unknown retry hint still gives Retry-After: 1."""
     start, activation, _ = pooled

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
 from hotseat_common.config import parse_config
 from hotseat_common.errors import IncumbentBusy
-from hotseat_router.activation.protocol import LeaseLoss
+from hotseat_router.activation.protocol import Lease, LeaseLoss
 from hotseat_router.auth import ApiKeyCheck
 from hotseat_router.body import parse_body
 from hotseat_router.errors import (
@@ -190,3 +191,28 @@ async def test_a_lease_loss_tells_its_watchers_in_order_once():
     assert loss.watching == 0
     loss.watch(lambda: called.append("late"))
     assert called == ["a", "c", "d", "late"]
+
+
+def test_a_lease_handle_is_the_lease_naming_its_own_swap():
+    """A shared request's handle is built field by field: it must equal what
+    ``dataclasses.replace`` would build, every field the lease has included (a field
+    added to :class:`Lease` and not to ``handle`` fails here), sharing the lease's loss."""
+    lease = Lease(
+        "gpu0",
+        "a",
+        "lease-1",
+        7,
+        6.0,
+        attempt="r-1",
+        request_id="req-1",
+        swap_id="swap-1",
+        valid_until=123.5,
+        group="g",
+    )
+    values = {f.name: getattr(lease, f.name) for f in dataclasses.fields(Lease)}
+    assert len(set(map(repr, values.values()))) == len(values)  # every field tells apart
+    for swap_id in ("swap-2", None):
+        handle = lease.handle(swap_id=swap_id)
+        assert handle == dataclasses.replace(lease, swap_id=swap_id)
+        assert handle is not lease
+        assert handle.lost is lease.lost

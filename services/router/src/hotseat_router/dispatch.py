@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple, Self
+
+from prometheus_client import Gauge, Histogram
 
 from hotseat_common import tracing as spans
 from hotseat_common.config.model import Backend, RouterPolicy, Tier
@@ -132,6 +134,12 @@ class Dispatcher:
         self._audit = audit
         self._metrics = metrics
         self._attempts = Series(metrics.upstream_attempts)
+        self._holds = _HoldSeries(
+            router,
+            Series(metrics.held),
+            Series(metrics.hold_by_priority),
+            Series(metrics.pool_hold),
+        )
         self._router = router
         self._bearers = bearers
 
@@ -348,31 +356,9 @@ class Dispatcher:
             log.warning("activation_unavailable", backend=backend.name, pool=pool, error=str(exc))
         return None
 
-    @contextlib.contextmanager
-    def _holding(self, ctx: RequestContext, pool: str, member: str) -> Iterator[_Hold]:
-        """A request held for a lease, in the hold metrics: the held gauge under ``pool``
-        and ``member`` while it lasts, then its hold observed under the pool and member it
-        ended on (a model group's placement names them) with its result (``granted``
-        or what the exception that ended it tells)."""
-        held = self._metrics.held.labels(self._router, pool, member)
-        held.inc()
-        hold = _Hold(pool, member)
-        started = time.monotonic()
-        try:
-            yield hold
-        except BaseException as exc:
-            hold.result = _hold_result(exc)
-            raise
-        finally:
-            held.dec()
-            seconds = time.monotonic() - started
-            ctx.held_for(seconds)
-            self._metrics.hold_by_priority.labels(
-                self._router, hold.pool, str(ctx.priority)
-            ).observe(seconds)
-            self._metrics.pool_hold.labels(
-                self._router, hold.pool, hold.member, hold.result
-            ).observe(seconds)
+    def _holding(self, ctx: RequestContext, pool: str, member: str) -> _Hold:
+        """A request held for a lease, in the hold metrics (:class:`_Hold`)."""
+        return _Hold(self._holds, ctx, pool, member)
 
     async def _acquire(
         self,
@@ -485,13 +471,47 @@ class Dispatcher:
         return response
 
 
-@dataclass
-class _Hold:
-    """Where a hold is observed, and how it ended."""
+class _HoldSeries(NamedTuple):
+    router: str
+    held: Series[Gauge]
+    by_priority: Series[Histogram]
+    by_result: Series[Histogram]
 
-    pool: str
-    member: str
-    result: str = "granted"
+
+class _Hold:
+    """A request held for a lease, in the hold metrics (a context manager): the held
+    gauge under ``pool`` and ``member`` while it lasts, then its hold observed under the
+    pool and member it ended on (a model group's placement sets them) with its result
+    (``granted``, or what the exception that ended it tells). A class rather than a
+    generator: a pooled request on a shared lease enters one, so it is on the hot path."""
+
+    __slots__ = ("_ctx", "_gauge", "_series", "_started", "member", "pool", "result")
+
+    def __init__(self, series: _HoldSeries, ctx: RequestContext, pool: str, member: str) -> None:
+        self._series = series
+        self._ctx = ctx
+        self.pool = pool
+        self.member = member
+        self.result = "granted"
+        self._gauge = series.held(series.router, pool, member)
+        self._started = 0.0
+
+    def __enter__(self) -> Self:
+        self._gauge.inc()
+        self._started = time.monotonic()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object
+    ) -> None:
+        if exc is not None:
+            self.result = _hold_result(exc)
+        self._gauge.dec()
+        seconds = time.monotonic() - self._started
+        ctx, series = self._ctx, self._series
+        ctx.held_for(seconds)
+        series.by_priority(series.router, self.pool, str(ctx.priority)).observe(seconds)
+        series.by_result(series.router, self.pool, self.member, self.result).observe(seconds)
 
 
 def _hold_result(exc: BaseException) -> str:

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from hotseat_common.errors import ErrorCode
@@ -124,7 +124,7 @@ class HeldLeases:
         if lease.lost.is_set() or not held.shareable or left < lease.ttl_s / 2:
             return None  # renewals behind schedule or the member in doubt: ask
         # Its own handle (``lost`` is the same event).
-        handle = replace(lease, swap_id=lease.swap_id if waited else None)
+        handle = lease.handle(swap_id=lease.swap_id if waited else None)
         held.add(handle, asyncio.get_running_loop().time())
         held.served += 1
         return handle
