@@ -9,7 +9,8 @@
 4. pooled-request throughput through the router as a ratio of unpooled (same sim
    upstream behind a pooled and an unpooled backend; wrk drives both, with 1 connection,
    where every request acquires and releases, and with 8, where requests share leases),
-   and how many acquires reached the controller per pooled request.
+   how many acquires reached the controller per pooled request, and the CPU per request
+   of the router, unpooled and pooled, and of the controller.
 
 Run: ``.venv/bin/python bench/pool_bench.py`` (needs ``wrk`` for part 2: ``apt-get install wrk``).
 Everything runs on loopback with private servers; nothing is left running.
@@ -222,12 +223,13 @@ class CpuMeter:
     def start(self) -> None:
         self._before = self._now()
 
-    def per(self, count: float) -> str:
+    def spent(self, count: float) -> dict[str, float]:
+        """CPU µs per ``count`` each process spent since ``start``."""
         after = self._now()
-        return ", ".join(
-            f"{name} {(after[name] - self._before[name]) / count * 1000:.2f}"
-            for name in self._procs
-        )
+        return {name: (after[name] - self._before[name]) / count * 1e6 for name in self._procs}
+
+    def per(self, count: float) -> str:
+        return ", ".join(f"{name} {us / 1000:.2f}" for name, us in self.spent(count).items())
 
 
 async def controller_acquires(http: httpx.AsyncClient, url: str) -> float:
@@ -372,17 +374,22 @@ async def main() -> None:
             router_cpu = CpuMeter({"router": router.pid, "controller": controller.pid})
             async with httpx.AsyncClient() as http:
                 for connections in (1, 8):
+                    router_cpu.start()
                     unpooled = wrk(router.url, "unpooled", connections, 10)
+                    plain = router_cpu.spent(unpooled * 10)["router"]
                     before = await controller_acquires(http, controller.url)
                     router_cpu.start()
                     pooled = wrk(router.url, "pooled", connections, 10)
                     requests = pooled * 10
-                    per_request = router_cpu.per(requests)
+                    spent = router_cpu.spent(requests)
                     acquires = await controller_acquires(http, controller.url) - before
                     print(
                         f"  -c {connections}: unpooled {unpooled:.0f} req/s  pooled {pooled:.0f}"
                         f" req/s  ratio {pooled / unpooled:.2f}  controller acquires per pooled"
-                        f" request {acquires / requests:.2f}  (pooled CPU ms/req: {per_request})"
+                        f" request {acquires / requests:.2f}\n"
+                        f"         CPU µs per request: router unpooled {plain:.0f}, pooled"
+                        f" {spent['router']:.0f} ({spent['router'] - plain:+.0f} for the pool);"
+                        f" controller per pooled request {spent['controller']:.0f}"
                     )
         elif not only_swaps:
             print("== router throughput: skipped (wrk not installed: apt-get install wrk)")

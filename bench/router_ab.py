@@ -181,6 +181,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", default="main", help="git ref of the 'before' router")
     parser.add_argument("--candidate", help="git ref of the 'after' router (default: the tree)")
+    parser.add_argument(
+        "--candidate-path",
+        help="a PYTHONPATH for the 'after' router instead of a ref (a build of the sources)",
+    )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--duration", type=int, default=4, help="seconds per point")
     parser.add_argument("--connections", default="8,64")
@@ -203,6 +207,7 @@ def main() -> int:
         workdir = Path(tmp)
         baseline = checkout(args.baseline, workdir / "baseline")
         candidate = checkout(args.candidate, workdir / "candidate") if args.candidate else None
+        candidate = args.candidate_path or candidate
         procs: list[Managed] = []
         with fast_stack(workdir) as (upstream, nats, config), contextlib.ExitStack() as stack:
             stack.callback(stop_all, procs)
@@ -233,7 +238,8 @@ def main() -> int:
             cpu: dict[tuple[str, bool, int], list[float]] = defaultdict(list)
             syscalls: dict[tuple[str, bool, int], list[float]] = defaultdict(list)
             print(
-                f"A = {args.baseline}, B = {args.candidate or 'working tree'};"
+                f"A = {args.baseline},"
+                f" B = {args.candidate_path or args.candidate or 'working tree'};"
                 f" {args.duration}s per point"
             )
             for n in range(args.rounds):

@@ -1,7 +1,8 @@
 """Router benchmark: throughput, latency and CPU per request of direct-to-upstream vs the
-Hotseat router vs a minimal FastAPI + httpx proxy (the yardstick) vs vllm-router (a
-compiled OpenAI-compatible load balancer, when installed), non-streaming and streaming,
-at several concurrency levels, and the router with one worker vs two.
+Hotseat router vs a minimal FastAPI + httpx proxy (the yardstick) vs the floor (the least
+a Python proxy on the router's stack does per request, ``floor_proxy.py``) vs vllm-router
+(a compiled OpenAI-compatible load balancer, when installed), non-streaming and
+streaming, at several concurrency levels, and the router with one worker vs two.
 
 Needs ``wrk`` (Debian: ``apt-get install -y wrk``), ``node`` and ``taskset``. The proxy
 under test runs on core 0; the upstream (Node's http module), the load generator and NATS
@@ -259,6 +260,22 @@ def start_yardstick(upstream: str, workdir: Path) -> Managed:
     return proc
 
 
+def start_floor(upstream: str, workdir: Path) -> Managed:
+    port = free_port()
+    argv = [
+        "taskset", "-c", PROXY_CORE, sys.executable, str(ROOT / "bench" / "floor_proxy.py"),
+        str(port), upstream.rsplit(":", 1)[1],
+    ]  # fmt: skip
+    proc = spawn("floor", argv, url=f"http://127.0.0.1:{port}", log_path=workdir / "f.log")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.post(proc.url + "/v1/chat/completions", json=BODY, timeout=2).is_success:
+                return proc
+        time.sleep(0.1)
+    sys.exit(f"the floor proxy did not answer: {proc.log_text()[-2000:]}")
+
+
 def start_vllm_router(binary: str, upstream: str, workdir: Path) -> Managed:
     port = free_port()
     argv = [
@@ -354,6 +371,13 @@ def verdicts(results: list[Result], connections: list[int]) -> list[str]:
                     "x",
                     at_most=True,
                 )
+            floor = find(results, "floor", mode, c)
+            if router and floor and vr and router.cpu_us and floor.cpu_us and vr.cpu_us:
+                lines.append(
+                    f"  NOTE  {mode} c={c} CPU per request: the floor"
+                    f" {floor.cpu_us / vr.cpu_us:.2f}x vllm-router's,"
+                    f" the router {router.cpu_us / floor.cpu_us:.2f}x the floor's"
+                )
             router, yard = find(results, "router-1w", mode, c), find(results, "yardstick", mode, c)
             if router and yard:
                 check(f"{mode} c={c} router/yardstick throughput", router.rps / yard.rps, 1.5, "x")
@@ -386,7 +410,7 @@ def main() -> int:
     parser.add_argument("--connections", default="1,8,64", help="concurrency levels")
     parser.add_argument(
         "--targets",
-        default="direct,router,granian,yardstick,vllm-router,workers",
+        default="direct,router,granian,yardstick,floor,vllm-router,workers",
         help="what to measure (comma-separated subset of the default)",
     )
     parser.add_argument(
@@ -437,6 +461,11 @@ def main() -> int:
                 procs.append(yard)
                 results += measure("yardstick", yard.url + path, args, workdir, modes, pid=yard.pid)
                 yard.stop()
+            if "floor" in targets:
+                floor = start_floor(upstream, workdir)
+                procs.append(floor)
+                results += measure("floor", floor.url + path, args, workdir, modes, pid=floor.pid)
+                floor.stop()
             if "vllm-router" in targets and args.vllm_router:
                 vr = start_vllm_router(args.vllm_router, upstream, workdir)
                 procs.append(vr)
