@@ -363,6 +363,21 @@ def swaps_without_start(dsn: str) -> int:
     return int(row[0]) if row else 0
 
 
+def swaps_without_end(dsn: str) -> int:
+    """Swaps whose ``swap_started`` is stored but none of ``swap_completed``,
+    ``swap_failed`` or ``swap_cancelled``: still in flight when the fleet stopped, or
+    (a known gap, docs/reliability.md) begun just before Redis lost the pool's state, so
+    that no controller knew the swap any more to end it."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(DISTINCT swap_id) FROM audit_events s"
+            " WHERE kind = 'pool' AND outcome = 'swap_started' AND swap_id IS NOT NULL"
+            " AND NOT EXISTS (SELECT 1 FROM audit_events e WHERE e.swap_id = s.swap_id"
+            "  AND e.outcome IN ('swap_completed', 'swap_failed', 'swap_cancelled'))"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def request_ids(dsn: str) -> Counter[str]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT request_id FROM audit_events WHERE kind = 'request'").fetchall()
@@ -507,6 +522,7 @@ async def run(args: argparse.Namespace) -> int:
             rows, distinct, by_outcome, dead = await asyncio.to_thread(stored, dsn)
             ids = await asyncio.to_thread(request_ids, dsn)
             unstarted = await asyncio.to_thread(swaps_without_start, dsn)
+            unended = await asyncio.to_thread(swaps_without_end, dsn)
             ledger = await verdicts(redis_proc.url, sims)
         finally:
             for sim in sims:  # a sim left stopped by an interrupted run
@@ -534,7 +550,8 @@ async def run(args: argparse.Namespace) -> int:
         "crashes": f"{sum(tally.crashes.values())} {_counts(tally.crashes)}".strip(),
         "never answered": str(tally.statuses[NEVER_ANSWERED]),
         "swaps": f"{_counts(Counter(swaps))}; ended without a stored start {unstarted} (its"
-        " start lost in a killed controller's buffer)",
+        " start lost in a killed controller's buffer); started without a stored end"
+        f" {unended} (in flight at the stop, or begun just before Redis lost the pool)",
         "busy skips": str(by_outcome["busy_skip"]),
         "leases expired": str(by_outcome["lease_expired"]),
         "audit": f"accepted by JetStream {accepted}, stored {landed} ({rows} events + "
