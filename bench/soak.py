@@ -14,10 +14,12 @@ duration, while a chaos loop every few seconds does one of:
 
 The second router runs with its wall clock 90 s behind (libfaketime, when installed).
 At the end it prints requests by status, faults, swaps, busy skips, audit events
-published (accepted by JetStream) against stored, and the full GPU ledger verdict of both
-pools (no overlap, no member unloaded while serving, no request cut, no lost ledger
-write), and exits non-zero on any ledger violation, lost or duplicated audit event, cut
-stream or 503 without Retry-After.
+published (accepted by JetStream) against stored, the swaps' ends, and the full GPU ledger
+verdict of both pools (no overlap, no member unloaded while serving, no request cut, no
+lost ledger write), and exits non-zero on any ledger violation, lost or duplicated audit
+event, swap started and never ended (neither in flight when the fleet stopped nor ended
+by a controller that was killed before JetStream acknowledged the end) or ended twice,
+cut stream or 503 without Retry-After.
 
 Run: ``.venv/bin/python bench/soak.py --duration 150`` (``make soak``; ``--ci`` is a
 one-minute run for CI). Needs PostgreSQL at ``HOTSEAT_TEST_POSTGRES_DSN`` (default
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import random
 import signal
@@ -46,6 +49,7 @@ import nats
 import psycopg
 import redis.asyncio as aioredis
 import yaml
+from redis.exceptions import RedisError
 
 from hotseat.launcher import (
     LaunchError,
@@ -348,34 +352,105 @@ def stored(dsn: str) -> tuple[int, int, Counter[str], int]:
     return int(rows), int(distinct), by_outcome, int(dead)
 
 
-def swaps_without_start(dsn: str) -> int:
+SWAP_ENDS = ("swap_completed", "swap_failed", "swap_cancelled")
+
+
+@dataclass
+class SwapBooks:
+    """The swaps' audit events in the store, set against what the fleet did."""
+
+    without_start: int
     """Swaps whose end is stored but not their ``swap_started``: the controller that
     started them was killed with that event still in its publisher's buffer (never
     acknowledged by JetStream), and another controller took the swap over and ended it."""
+    without_end: set[str]
+    """Swaps whose ``swap_started`` is stored but none of ``SWAP_ENDS``."""
+    twice_ended: int
+    """Swaps with two ends or more stored (each end a distinct event)."""
+    ends_without_id: int
+    """Ends stored without a ``swap_id`` (none should be)."""
+
+
+def swap_books(dsn: str) -> SwapBooks:
+    """The swaps' audit events, read in one connection."""
+    ends = list(SWAP_ENDS)
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
             "SELECT count(DISTINCT swap_id) FROM audit_events e"
-            " WHERE kind = 'pool' AND swap_id IS NOT NULL"
-            " AND outcome IN ('swap_completed', 'swap_failed', 'swap_cancelled')"
+            " WHERE kind = 'pool' AND swap_id IS NOT NULL AND outcome = ANY(%s)"
             " AND NOT EXISTS (SELECT 1 FROM audit_events s"
-            "  WHERE s.swap_id = e.swap_id AND s.outcome = 'swap_started')"
+            "  WHERE s.swap_id = e.swap_id AND s.outcome = 'swap_started')",
+            (ends,),
         ).fetchone()
-    return int(row[0]) if row else 0
-
-
-def swaps_without_end(dsn: str) -> int:
-    """Swaps whose ``swap_started`` is stored but none of ``swap_completed``,
-    ``swap_failed`` or ``swap_cancelled``: still in flight when the fleet stopped, or
-    (a known gap, docs/reliability.md) begun just before Redis lost the pool's state, so
-    that no controller knew the swap any more to end it."""
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT count(DISTINCT swap_id) FROM audit_events s"
+        unended = conn.execute(
+            "SELECT DISTINCT swap_id FROM audit_events s"
             " WHERE kind = 'pool' AND outcome = 'swap_started' AND swap_id IS NOT NULL"
             " AND NOT EXISTS (SELECT 1 FROM audit_events e WHERE e.swap_id = s.swap_id"
-            "  AND e.outcome IN ('swap_completed', 'swap_failed', 'swap_cancelled'))"
+            "  AND e.outcome = ANY(%s))",
+            (ends,),
+        ).fetchall()
+        twice = conn.execute(
+            "SELECT count(*) FROM (SELECT swap_id FROM audit_events"
+            " WHERE kind = 'pool' AND swap_id IS NOT NULL AND outcome = ANY(%s)"
+            # A capacity pool's plan may fail one member alone before its own end; these
+            # pools have one resident, so a swap has one end.
+            " GROUP BY swap_id HAVING count(*) > 1) twice",
+            (ends,),
         ).fetchone()
-    return int(row[0]) if row else 0
+        anonymous = conn.execute(
+            "SELECT count(*) FROM audit_events"
+            " WHERE kind = 'pool' AND swap_id IS NULL AND outcome = ANY(%s)",
+            (ends,),
+        ).fetchone()
+    return SwapBooks(
+        without_start=int(row[0]) if row else 0,
+        without_end={str(r[0]) for r in unended},
+        twice_ended=int(twice[0]) if twice else 0,
+        ends_without_id=int(anonymous[0]) if anonymous else 0,
+    )
+
+
+def ends_sent(logs: Path) -> set[str]:
+    """Swaps whose end a controller logged as sent (``pool_event``, at ``info``, logged as
+    the event enters the publisher's buffer): one of them not in the store was lost with
+    that buffer, the controller killed before JetStream acknowledged it."""
+    sent: set[str] = set()
+    for path in logs.glob("controller*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if '"pool_event"' not in line:
+                continue
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if record.get("outcome") in SWAP_ENDS and record.get("swap_id"):
+                    sent.add(str(record["swap_id"]))
+    return sent
+
+
+IN_FLIGHT_PHASES = ("unloading", "loading")
+
+
+async def swaps_in_flight(store_url: str) -> set[str]:
+    """The swaps the pool store holds in flight (read after the controllers stopped: their
+    swaps were still running, nobody's to end)."""
+    client = aioredis.from_url(store_url, decode_responses=True)
+    try:
+        states = [await client.hgetall(Keys(PREFIX).pool_state(pool)) for pool in POOLS]
+    finally:
+        await client.aclose()
+    return {s["swap"] for s in states if s.get("phase") in IN_FLIGHT_PHASES and s.get("swap")}
+
+
+async def pools_quiet(store_url: str, timeout: float = 30) -> bool:
+    """Wait until no pool has a swap in flight (or time runs out): the swaps the chaos left
+    running end before the fleet stops."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError, RedisError):
+            if not await swaps_in_flight(store_url):
+                return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.2)
 
 
 def request_ids(dsn: str) -> Counter[str]:
@@ -478,7 +553,8 @@ async def run(args: argparse.Namespace) -> int:
                     "hotseat-controller",
                     ["--instance", f"c{i}"],
                     free_port(),
-                    env,
+                    # Each audit event it sends is logged (info): ends_sent reads them.
+                    {**env, "HOTSEAT_LOG_LEVEL": "info"},
                 )
                 for i in (1, 2)
             ]
@@ -515,14 +591,17 @@ async def run(args: argparse.Namespace) -> int:
                     if part.name not in tally.last_killed:
                         tally.crashes[part.name] += 1
                     await asyncio.to_thread(part.start, logs)
+            store_url = f"redis://127.0.0.1:{store.port}/0"
+            quiet = await pools_quiet(store_url)
             for part in [*routers, *controllers]:  # graceful: buffered events are flushed
                 if part.proc is not None:
                     await asyncio.to_thread(part.proc.stop, 10)
+            in_flight = await swaps_in_flight(store_url)
             accepted, landed = await settle(dsn, nats_proc.url)
             rows, distinct, by_outcome, dead = await asyncio.to_thread(stored, dsn)
             ids = await asyncio.to_thread(request_ids, dsn)
-            unstarted = await asyncio.to_thread(swaps_without_start, dsn)
-            unended = await asyncio.to_thread(swaps_without_end, dsn)
+            books = await asyncio.to_thread(swap_books, dsn)
+            sent = await asyncio.to_thread(ends_sent, logs)
             ledger = await verdicts(redis_proc.url, sims)
         finally:
             for sim in sims:  # a sim left stopped by an interrupted run
@@ -538,6 +617,9 @@ async def run(args: argparse.Namespace) -> int:
     unaudited = sum(max(0, n - ids[rid]) for rid, n in tally.answered.items())
     doubled = sum(max(0, c - max(1, tally.answered[rid])) for rid, c in ids.items())
     swaps = {k: by_outcome[f"swap_{k}"] for k in ("completed", "started", "cancelled", "failed")}
+    unended = books.without_end - in_flight
+    end_lost = unended & sent  # sent, lost with a killed controller's buffer
+    never_ended = sorted(unended - sent)
     report = {
         "duration": f"{elapsed:.0f} s, {args.clients} clients",
         "requests": f"{sum(tally.statuses.values())}: {_counts(tally.statuses)}",
@@ -549,9 +631,14 @@ async def run(args: argparse.Namespace) -> int:
         f"on {REUSED_IDS} client request ids shared by clients on both routers",
         "crashes": f"{sum(tally.crashes.values())} {_counts(tally.crashes)}".strip(),
         "never answered": str(tally.statuses[NEVER_ANSWERED]),
-        "swaps": f"{_counts(Counter(swaps))}; ended without a stored start {unstarted} (its"
-        " start lost in a killed controller's buffer); started without a stored end"
-        f" {unended} (in flight at the stop, or begun just before Redis lost the pool)",
+        "swaps": f"{_counts(Counter(swaps))}; ended without a stored start"
+        f" {books.without_start} (its start lost in a killed controller's buffer)",
+        "swap ends": f"started without a stored end {len(books.without_end)}: in flight at the"
+        f" stop {len(books.without_end & in_flight)}"
+        f"{'' if quiet else ' (pools not quiet after 30 s)'}, end sent and lost in a killed"
+        f" controller's buffer {len(end_lost)}, never ended {len(never_ended)}"
+        f"{' ' + ', '.join(never_ended) if never_ended else ''}; ended twice"
+        f" {books.twice_ended}; ends without a swap id {books.ends_without_id}",
         "busy skips": str(by_outcome["busy_skip"]),
         "leases expired": str(by_outcome["lease_expired"]),
         "audit": f"accepted by JetStream {accepted}, stored {landed} ({rows} events + "
@@ -565,6 +652,9 @@ async def run(args: argparse.Namespace) -> int:
         print(f"{label:<16}{text}")
     crashes = sum(tally.crashes.values())
     failed = violations > 0 or lost > 0 or duplicates > 0 or doubled > 0 or crashes > 0
+    if never_ended or books.twice_ended:
+        print(f"{len(never_ended)} swaps never ended, {books.twice_ended} ended twice (audit)")
+        failed = True
     bad_status = (
         tally.statuses["503-no-retry-after"] + tally.cut_streams + tally.statuses[NEVER_ANSWERED]
     )

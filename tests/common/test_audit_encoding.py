@@ -8,7 +8,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hotseat_common.messages.audit import AuditEvent, RequestOutcome, encode_event, request_event
+from hotseat_common.messages.audit import (
+    AuditEvent,
+    PoolOutcome,
+    RequestOutcome,
+    derived_event_id,
+    encode_event,
+    new_event_id,
+    pool_event,
+    request_event,
+)
 
 _TEXT = st.text(min_size=1, max_size=40)
 _FIELDS = st.fixed_dictionaries(
@@ -54,3 +63,17 @@ def test_event_ids_differ_and_time_is_utc() -> None:
 def test_a_field_the_event_does_not_have_is_refused() -> None:
     with pytest.raises(TypeError, match="no field 'tokens'"):
         encode_event("request", "served", {"tokens": 3})
+
+
+@given(parts=st.lists(_TEXT, min_size=1, max_size=3), other=_TEXT)
+def test_a_derived_event_id_is_the_same_for_every_sender(parts: list[str], other: str) -> None:
+    """An event several controllers may send (the end of a swap the store lost) has the id
+    each of them derives alike, of the shape of a new one, and another for other parts."""
+    event_id = derived_event_id(*parts)
+    assert event_id == derived_event_id(*parts)
+    assert len(event_id) == len(new_event_id()) == 32
+    int(event_id, 16)
+    assert derived_event_id(*parts[:-1], parts[-1] + other) != event_id
+    assert derived_event_id(*parts, other) != event_id
+    event = pool_event(PoolOutcome.SWAP_CANCELLED, id=event_id, swap_id=parts[0])
+    assert AuditEvent.from_bytes(event.to_bytes()).id == event_id

@@ -333,17 +333,73 @@ class GatedDriver:
 
 class CheckedAnnouncer(Announcer):
     """What :class:`Outcomes` tells the world: each state-change notification, as the
-    controller would publish it, is handed to ``check`` in the moment it goes out; audit
-    events and metrics are not under test."""
+    controller would publish it, is handed to ``check`` in the moment it goes out, and each
+    audited transition to ``audited``; metrics are not under test."""
 
-    def __init__(self, check: Callable[[PoolStateChanged], None]) -> None:
+    def __init__(
+        self,
+        check: Callable[[PoolStateChanged], None],
+        audited: Callable[[AuditIntent], None],
+    ) -> None:
         self._check = check
+        self._audited = audited
 
     async def state_changed(self, pool: str, snap: PoolSnapshot, reason: str) -> None:
         self._check(state_message(pool, snap, reason))
 
     def transition(self, pool: str, intent: AuditIntent) -> None:
-        return None
+        self._audited(intent)
+
+
+class SwapBook:
+    """The swaps' audit events as the controllers sent them: each swap started must end
+    once (one of ``swap_completed``, ``swap_failed``, ``swap_cancelled``; an end several
+    owners send under one event id is one event, as JetStream and the audit store keep
+    it)."""
+
+    ENDINGS = frozenset({
+        PoolOutcome.SWAP_COMPLETED, PoolOutcome.SWAP_FAILED, PoolOutcome.SWAP_CANCELLED
+    })  # fmt: skip
+
+    def __init__(self) -> None:
+        self.started: set[str] = set()
+        self.also: dict[str, frozenset[str]] = {}
+        """A capacity pool's plan -> the other members it loads beside its target: one
+        that fails alone has a ``swap_failed`` of its own, not the plan's end."""
+        self.ends: dict[str, set[str]] = {}
+        self.end_intents: dict[str, list[AuditIntent]] = {}
+        self._sent = 0
+
+    def audited(self, intent: AuditIntent) -> None:
+        if intent.swap_id is None:
+            return
+        if intent.outcome == PoolOutcome.SWAP_STARTED:
+            self.started.add(intent.swap_id)
+            self.also[intent.swap_id] = frozenset(intent.also or ())
+        elif intent.outcome == PoolOutcome.SWAP_FAILED and intent.to_member in self.also.get(
+            intent.swap_id, ()
+        ):
+            return
+        elif intent.outcome in self.ENDINGS:
+            self._sent += 1
+            event = intent.event_id or f"event-{self._sent}"
+            self.ends.setdefault(intent.swap_id, set()).add(event)
+            self.end_intents.setdefault(intent.swap_id, []).append(intent)
+
+    def check(self, in_flight: str | None, unowned: set[str]) -> None:
+        """Every swap started ended once; ``in_flight`` (the swap the store holds in
+        flight) has not ended yet, and a swap in ``unowned`` (its last owner was killed or
+        frozen, nobody took it over) may not have (a store flushed after that forgot it)."""
+        assert set(self.ends) <= self.started, ("ended, never started", self.ends)
+        for swap_id in sorted(self.started):
+            ends = self.ends.get(swap_id, set())
+            if swap_id == in_flight:
+                assert not ends, ("in flight, but ended", swap_id, ends)
+            elif swap_id in unowned:
+                assert len(ends) <= 1, ("ended twice", swap_id, ends)
+            else:
+                assert len(ends) == 1, ("started, ended " + str(len(ends)) + " times", swap_id)
+        ControllerMachine.events["swap ended once"] += len(self.started)
 
 
 @dataclass
@@ -402,7 +458,14 @@ class ControllerMachine(RuleBasedStateMachine):
             RedisSettings(redis_url=self.redis_url), timeout=STORE_TIMEOUT_S, clock=self.clock
         )
         self.store = PoolStore(self.link, Keys("p" + uuid.uuid4().hex[:10]), self.policy)
-        self.outcomes = Outcomes(self.store, CheckedAnnouncer(self.notified))
+        self.book = SwapBook()
+        self.endings: list[asyncio.Task[None]] = []
+        """Owners reading the pool again after losing a swap while their claim held."""
+        self.unowned: set[str] = set()
+        """Swaps whose last owner was killed or frozen (its claim lapses) and that nobody
+        took over since: a store flushed meanwhile forgets them, and nobody can tell that
+        no other owner ended them (docs/adr/0005, point 9)."""
+        self.outcomes = Outcomes(self.store, CheckedAnnouncer(self.notified, self.book.audited))
         # The store as it is in the moment of a notification: read blocking the loop, so
         # that no runner, controller or router moves it meanwhile.
         self.blocking = redis.Redis.from_url(self.redis_url, decode_responses=True)
@@ -470,21 +533,25 @@ class ControllerMachine(RuleBasedStateMachine):
             await self.outcomes.report(decision, after, "decision")
             return decision
 
+        asked_at = self.loop.time()
         decision = self.run(decided())
         if decision.swap is not None:
-            self.start_swap(decision.swap, self.owner_of(decision))
+            self.start_swap(decision.swap, self.owner_of(decision), claimed_at=asked_at)
         return decision
 
-    def start_swap(self, order: SwapOrder, owner: str) -> None:
+    def start_swap(self, order: SwapOrder, owner: str, *, claimed_at: float | None = None) -> None:
         """What PoolRuntime does with a swap order: the real runner, in its own task."""
         runner = SwapRunner(self.store, self.driver, self.policy, owner, self.outcomes)
+        self.unowned.discard(order.swap_id)
         self.n += 1
         key = self.n
 
         async def run() -> str:
             CURRENT_SWAP.set(key)
-            ran = await runner.run(order)
+            ran = await runner.run(order, claimed_at=claimed_at)
             self.ran_for[key] = ran.target  # a swap retargeted ran for its new target
+            if ran.claim_held:  # as Swaps does: ended here if the store lost it
+                self.endings.append(self.loop.create_task(runner.end_lost(order, ran.target)))
             return ran.result
 
         self.swaps.append(Swap(order, owner, self.loop.create_task(run()), key))
@@ -879,6 +946,7 @@ class ControllerMachine(RuleBasedStateMachine):
         mine = [swap for swap in self.swaps if swap.owner == owner]
         beats = {f"swap-heartbeat-{self.policy.name}-{swap.order.epoch}" for swap in mine}
         stop = set() if frozen else {swap.task for swap in mine}
+        self.unowned |= {swap.order.swap_id for swap in mine}
         for task in asyncio.all_tasks(self.loop):
             if task in stop or task.get_name() in beats:
                 task.cancel()
@@ -1103,6 +1171,20 @@ class ControllerMachine(RuleBasedStateMachine):
             )
             assert snap.live_waiters(member) <= within, (member, snap.waiters, self.waiting)
 
+    def every_swap_ended_once(self) -> None:
+        """At the end, each swap started has its one end in the audit, unless the store
+        still holds it in flight (or its owner was killed or frozen and nobody took it
+        over)."""
+        if self.snapshot().phase == Phase.UNKNOWN:
+            self.rebuild()
+        # A runner whose swap the store lost finds out at its next heartbeat.
+        self.advance(HEARTBEAT_LAPSES_MS)
+        while not all(task.done() for task in self.endings):
+            self.advance(TIME_STEP_MS)
+        snap = self.snapshot()
+        in_flight = snap.swap_id if snap.phase in IN_FLIGHT else None
+        self.book.check(in_flight, self.unowned)
+
     def quiesce(self) -> None:
         """Thaw, answer the GPU, release every live router's lease, let dead routers'
         leases lapse (and be reaped) and the pool settle: every waiter must then be
@@ -1153,6 +1235,7 @@ def run_to_quiescence(
         def teardown(self) -> None:
             # A takeover after a controller death needs a tick with a lapsed heartbeat.
             self.quiesce()
+            self.every_swap_ended_once()
             super().teardown()
 
     Checked.TestCase.settings = settings(
@@ -1430,3 +1513,41 @@ def test_a_swap_still_unloading_turns_to_a_more_urgent_member(
         assert m.snapshot().resident == "c"
         assert [w.member for w in m.waiting.values()] == ["b", "c"]  # c's asks again now
         m.quiesce()
+
+
+def test_a_swap_the_store_lost_is_ended_once(machine: type[ControllerMachine]) -> None:
+    """Redis restarts empty while a swap unloads: its owner finds its claim gone while the
+    claim still held, and once the pool is rebuilt it ends the swap in the audit
+    (``swap_cancelled``, ``pool_state_lost``), once. A frozen owner whose swap another
+    replica took over and finished before the store lost the state sends no second end
+    when it thaws: its claim had lapsed, so the swap may have been ended by another."""
+    wait = PoolActivation.WAIT
+    with warm(machine) as m:  # a resident
+        m.acquire("b", wait, "c1", "client-1")  # the swap to b, held at its first unload
+        (swap,) = m.swaps
+        m.redis_flushed()  # its heartbeat reads the pool unknown
+        m.tick("c2")  # rebuilt from the GPU
+        m.advance(TIME_STEP_MS * 10)  # the owner reads the rebuilt pool
+        (end,) = m.book.end_intents[swap.order.swap_id]
+        assert (end.outcome, end.reason) == (PoolOutcome.SWAP_CANCELLED, "pool_state_lost")
+        assert end.event_id, "an end several owners may send has the id they all derive"
+        m.quiesce()
+        m.every_swap_ended_once()
+    with warm(machine) as m:
+        m.acquire("b", wait, "c1", "client-1")
+        (stale,) = m.swaps
+        m.controller_dies_now(stale.owner, frozen=True)
+        m.advance(HEARTBEAT_LAPSES_MS)  # its claim lapses
+        m.tick("c2")  # taken over under a newer epoch
+        _settle_swaps(m, but=stale)  # and finished: swap_completed
+        (end,) = m.book.end_intents[stale.order.swap_id]
+        assert end.outcome == PoolOutcome.SWAP_COMPLETED
+        m.redis_flushed()
+        m.tick("c2")
+        _settle_swaps(m)  # the frozen owner thaws and finds the pool rebuilt
+        assert stale.task.done()
+        assert stale.task.result() == "lost"
+        m.advance(TIME_STEP_MS * 10)
+        assert len(m.book.ends[stale.order.swap_id]) == 1, m.book.end_intents
+        m.quiesce()
+        m.every_swap_ended_once()

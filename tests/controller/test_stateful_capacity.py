@@ -115,12 +115,12 @@ class CapacityMachine(ControllerMachine):
         self.also: dict[int, tuple[str, ...]] = {}
         """epoch -> the other members the plan of that epoch loads beside its target."""
 
-    def start_swap(self, order: SwapOrder, owner: str) -> None:
+    def start_swap(self, order: SwapOrder, owner: str, *, claimed_at: float | None = None) -> None:
         also = self.snapshot().also
         if also and order.epoch not in self.also:
             CapacityMachine.several += 1
         self.also[order.epoch] = also
-        super().start_swap(order, owner)
+        super().start_swap(order, owner, claimed_at=claimed_at)
 
     def settle(self) -> None:
         """As the one-resident machine's, and a plan of several that failed failed for

@@ -14,7 +14,7 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
-from hotseat.launcher import free_port, start_redis
+from hotseat.launcher import Managed, free_port, start_redis
 from hotseat_common.keys import Keys
 from tests.fault.conftest import MakeFaultStack, StartProxy
 from tests.support.clients import chat, live_stream
@@ -116,6 +116,20 @@ async def _serves(url: str, model: str) -> bool:
     return (await chat(url, model)).status_code == 200
 
 
+async def _judge_resident_on(
+    make_stack: MakeFaultStack, redis_url: str
+) -> tuple[FaultStack, Managed]:
+    """A stack whose controller keeps its pools on ``redis_url``, with judge resident, and
+    its router."""
+    stack = make_stack(pool_stack_config(pool={"leaseTtl": "3s"}))
+    stack.controller_redis_url = redis_url
+    stack.start_sims()
+    stack.start_controller("c1")
+    router = stack.start_router()
+    await stack.wait_resident("judge")
+    return stack, router
+
+
 async def test_redis_restarted_empty_rederives_residency_before_granting(
     make_stack: MakeFaultStack, tmp_path: Path
 ) -> None:
@@ -125,12 +139,7 @@ async def test_redis_restarted_empty_rederives_residency_before_granting(
     port = free_port()
     ctl_redis = start_redis(tmp_path / "ctl-redis", port=port)
     try:
-        stack = make_stack(pool_stack_config(pool={"leaseTtl": "3s"}))
-        stack.controller_redis_url = ctl_redis.url
-        stack.start_sims()
-        stack.start_controller("c1")
-        router = stack.start_router()
-        await stack.wait_resident("judge")
+        stack, router = await _judge_resident_on(make_stack, ctl_redis.url)
         assert (await chat(router.url, "judge")).status_code == 200
         epoch_before = int((await stack.state_hash())["epoch"])
         kill(ctl_redis)
@@ -164,3 +173,47 @@ async def _lease_epochs(url: str, prefix: str) -> list[int]:
     finally:
         await client.aclose()
     return [int(orjson.loads(m)["epoch"]) for m in metas]
+
+
+SWAP_ENDS = ("swap_completed", "swap_failed", "swap_cancelled")
+
+
+async def test_a_swap_the_store_lost_mid_load_is_ended_once_in_the_audit(
+    make_stack: MakeFaultStack, tmp_path: Path
+) -> None:
+    """The controllers' Redis restarts empty while a swap loads (the sim holds the load):
+    the pool is rebuilt from what the members report, and the swap's owner, whose claim
+    still held, ends the swap in the audit: one ``swap_cancelled`` with ``reason:
+    pool_state_lost`` after its ``swap_started``, and no other end (docs/adr/0005,
+    point 9). The request that waited for the swap is answered."""
+    port = free_port()
+    ctl_redis = start_redis(tmp_path / "ctl-redis", port=port)
+    try:
+        stack, router = await _judge_resident_on(make_stack, ctl_redis.url)
+        await stack.hold_sim("coder", "loading")
+        waiting = asyncio.create_task(chat(router.url, "coder"))
+        (started,) = await stack.wait_audit(
+            lambda e: e["outcome"] == "swap_started" and e.get("to_member") == "coder"
+        )
+
+        async def loading() -> bool:
+            return (await stack.state_hash()).get("phase") == "loading"
+
+        await eventually(loading, timeout=15)
+        kill(ctl_redis)
+        ctl_redis = await asyncio.to_thread(start_redis, tmp_path / "ctl-redis", port=port)
+        (end,) = await stack.wait_audit(
+            lambda e: e.get("swap_id") == started["swap_id"] and e["outcome"] in SWAP_ENDS,
+            timeout=30,
+        )
+        assert (end["outcome"], end["reason"]) == ("swap_cancelled", "pool_state_lost"), end
+        await stack.hold_sim("coder")  # the load the swap began finishes
+        answer = await asyncio.wait_for(waiting, timeout=60)
+        assert answer.status_code == 200 or "retry-after" in answer.headers, answer.text
+        events = await stack.settled_audit()
+        ends = [e for e in events if e["kind"] == "pool" and e.get("swap_id") == started["swap_id"]]
+        assert [e["outcome"] for e in ends] == ["swap_started", "swap_cancelled"], ends
+        log = "\n".join(p.log_text() for p in stack.controllers.values())
+        assert "swap_lost_with_state" in log
+    finally:
+        ctl_redis.stop()

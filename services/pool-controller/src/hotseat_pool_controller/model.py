@@ -164,6 +164,9 @@ class PoolSnapshot:
     relearn_ms: int = 0
     """Until then (Redis clock) the resident counts as busy: the store lost its leases and
     routers are renewing them back (docs/adr/0005)."""
+    rebuilt_epoch: int = 0
+    """The epoch the state was last rebuilt at, after the store lost it (0: never): a swap
+    whose claim is older was lost with the state (docs/adr/0005, point 9)."""
     closed: bool = False
     """The resident takes no new lease: another member waited ``maxWait`` (docs/adr/0006)."""
     closed_ms: int = 0
@@ -410,6 +413,9 @@ class AuditIntent:
     also: tuple[str, ...] | None = None
     """A capacity pool's plan: the other members it loads beside its target
     (``swap_started``)."""
+    event_id: str | None = None
+    """The event's id when it must be the same whoever sends it (an end several owners of
+    a swap may send, docs/adr/0005 point 9); a new random one when ``None``."""
 
     @classmethod
     def of_swap(

@@ -22,7 +22,9 @@ from hotseat_common.messages.audit import (
     PoolOutcome,
     RequestOutcome,
     RetargetReason,
+    SwapEndReason,
     SwapReason,
+    derived_event_id,
     pool_event,
     request_event,
 )
@@ -68,10 +70,12 @@ __all__ = [
     "RenewRequest",
     "RequestOutcome",
     "RetargetReason",
+    "SwapEndReason",
     "SwapReason",
     "WaitReason",
     "WaitReply",
     "WireModel",
+    "derived_event_id",
     "pool_event",
     "request_event",
 ]

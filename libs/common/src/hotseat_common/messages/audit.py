@@ -7,6 +7,7 @@ past it, by the audit store's unique id.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -79,6 +80,16 @@ class SwapReason(StrEnum):
     make room for it (``evicts`` names them)."""
 
 
+class SwapEndReason(StrEnum):
+    """Why a swap ended the way it did, where its owner names it: the ``reason`` of a
+    ``swap_cancelled`` that no demand left caused."""
+
+    POOL_STATE_LOST = "pool_state_lost"
+    """The store lost the pool's state (Redis restarted empty, or failed over) while the
+    swap ran; the rebuild took residency from the members, so the target may be resident
+    (docs/adr/0005, point 9)."""
+
+
 _OUTCOME_VALUES = {
     "request": frozenset(o.value for o in RequestOutcome),
     "pool": frozenset(o.value for o in PoolOutcome),
@@ -90,6 +101,12 @@ def new_event_id() -> str:
     """128 random bits as 32 hex digits (the shape of a UUID's hex, without its version
     bits: a quarter of ``uuid4().hex``'s cost, paid once per request)."""
     return os.urandom(16).hex()
+
+
+def derived_event_id(*parts: str) -> str:
+    """An event id every sender derives alike from ``parts`` (32 hex digits, as
+    :func:`new_event_id`): an event several processes may send is stored once."""
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
 
 
 def utcnow() -> datetime:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hotseat_common.messages import PoolOutcome, RetargetReason
+from hotseat_common.messages import PoolOutcome, RetargetReason, SwapEndReason, derived_event_id
 from hotseat_pool_controller.decisions.capacity import (
     closing_at_commit,
     commit_ops,
@@ -31,6 +31,7 @@ from hotseat_pool_controller.model import (
     RecordSwapTime,
     SetFailure,
     SetState,
+    SwapOrder,
 )
 from hotseat_pool_controller.store.codec import KEEP, owned_by, set_state
 
@@ -387,3 +388,25 @@ def _capacity_fail(
             ),
         ),
     )
+
+
+def decide_lost_swap_end(snap: PoolSnapshot, order: SwapOrder, target: str) -> Decision:
+    """The end of a swap whose owner lost its claim while the claim still held (no other
+    replica could have taken it over): when the state was rebuilt after the swap's epoch,
+    the store lost the swap with it and nobody else will end it, so its owner does
+    (``swap_cancelled``, ``pool_state_lost``; docs/adr/0005, point 9). Any other state
+    took the swap over (its new owner ends it), or is not known yet: ``NOTHING``. The
+    event's id comes from the swap's, so every owner that sends it sends one event."""
+    if snap.phase == Phase.UNKNOWN or snap.rebuilt_epoch <= order.epoch:
+        return NOTHING
+    intent = AuditIntent.of_swap(
+        PoolOutcome.SWAP_CANCELLED,
+        target or None,
+        order.from_member,
+        order.epoch,
+        SwapEndReason.POOL_STATE_LOST.value,
+    )
+    if not order.swap_id:  # nothing to derive its id from: a new one
+        return Decision(audit=(intent,))
+    event_id = derived_event_id(PoolOutcome.SWAP_CANCELLED.value, order.swap_id)
+    return Decision(audit=(replace(intent, swap_id=order.swap_id, event_id=event_id),))

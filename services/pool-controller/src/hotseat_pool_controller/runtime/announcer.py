@@ -144,6 +144,8 @@ class Announcer:
                 "cache_restored_tokens": intent.cache.restored_tokens,
                 "cache_restore_ms": round(intent.cache.restore_ms, 3),
             }
+        if intent.event_id is not None:
+            about["id"] = intent.event_id
         self._audit.emit(
             pool_event(
                 intent.outcome, controller=self.controller, request_id=intent.request_id, **about

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import NamedTuple
@@ -49,6 +49,7 @@ from hotseat_pool_controller.decisions.swap import (
     decide_commit,
     decide_fail,
     decide_heartbeat,
+    decide_lost_swap_end,
     decide_target_failed,
     decide_target_loaded,
     decide_unloads_refused,
@@ -80,6 +81,12 @@ from hotseat_pool_controller.store.pool import PoolStore
 log = get_logger(__name__)
 
 UNLOAD_AFTER_FAILURE_TIMEOUT_S = 60.0
+LOST_SWAP_POLL_S = 0.5
+"""How often the owner of a swap lost while its claim held reads the pool until its state
+is known again (:meth:`SwapRunner.end_lost`)..."""
+LOST_SWAP_PATIENCE_S = 600.0
+"""... and for how long at most: a store down longer leaves the swap without its end in
+the audit (logged as ``swap_end_unknown``)."""
 
 Step = Callable[[PoolSnapshot], Decision | None]
 _SWAP_ENDINGS = frozenset({
@@ -129,6 +136,10 @@ class SwapRan(NamedTuple):
     result: str
     """``completed``, ``cancelled``, ``failed`` or ``lost``."""
     target: str
+    claim_held: bool = False
+    """``lost`` while its claim still held, as its last heartbeat wrote it: no other replica
+    can have taken the swap over, so the store lost it or could not be reached (its owner
+    then reads the pool again: :meth:`SwapRunner.end_lost`)."""
 
 
 class OwnershipLost(Exception):
@@ -144,6 +155,17 @@ class _Claim:
         self._driving = False
         self._cancelled = False
         self.lost = False
+        self.held_until = 0.0
+        """Until when (the event loop's clock) the claim holds for sure: the expiry the
+        owner's last read or heartbeat saw in the store, counted from before that call."""
+
+    def confirmed(self, asked_at: float, left_ms: int) -> None:
+        """A call sent at ``asked_at`` found the claim with ``left_ms`` to live."""
+        self.held_until = max(self.held_until, asked_at + left_ms / 1000)
+
+    @property
+    def holds(self) -> bool:
+        return asyncio.get_running_loop().time() <= self.held_until
 
     def lose(self) -> None:
         self.lost = True
@@ -206,10 +228,12 @@ class SwapRunner:
         await self._outcomes.report(decision, after, reason)
         return decision
 
-    async def run(self, order: SwapOrder) -> SwapRan:
+    async def run(self, order: SwapOrder, *, claimed_at: float | None = None) -> SwapRan:
         """Run the swap; returns how it ended (``completed``, ``cancelled``, ``failed`` or
         ``lost``) and for which member. Its span (when tracing is on) continues the trace
-        of the acquire that started it."""
+        of the acquire that started it. ``claimed_at``: when (the event loop's clock) the
+        decision that claimed the swap was asked for, before its read: the claim it wrote
+        lives at least a heartbeat TTL from then."""
         about = {
             spans.SWAP_ID: order.swap_id or None,
             spans.POOL: self._policy.name,
@@ -217,7 +241,7 @@ class SwapRunner:
             spans.EPOCH: order.epoch,
         }
         with self._tracing.span(spans.SWAP_SPAN, about) as span:
-            ran = await self._run(order)
+            ran = await self._run(order, claimed_at)
             span.set(spans.RESULT, ran.result)
             return ran
 
@@ -226,22 +250,20 @@ class SwapRunner:
         about = {spans.SWAP_ID: order.swap_id or None, spans.MEMBER: member}
         return self._tracing.span(name, about)
 
-    async def _run(self, order: SwapOrder) -> SwapRan:
+    async def _run(self, order: SwapOrder, claimed_at: float | None) -> SwapRan:
         epoch = order.epoch
         result = "lost"
-        snap = await self._store.snapshot()
-        remaining = max(0.0, (snap.deadline_ms - snap.now_ms) / 1000)
-        started = time.monotonic()
-        log.info("swap_run", pool=self._policy.name, target=order.target, epoch=epoch,
-                 swap_id=order.swap_id, resume=order.resume,
-                 budget_s=round(remaining, 3))  # fmt: skip
         claim = _Claim(asyncio.current_task())
+        if claimed_at is not None:
+            claim.confirmed(claimed_at, self._policy.heartbeat_ttl_ms)
+        started = time.monotonic()
         tally = _CacheTally()
         heartbeat = asyncio.create_task(
             self._heartbeat(epoch, claim), name=f"swap-heartbeat-{self._policy.name}-{epoch}"
         )
         try:
             try:
+                remaining = await self._begin(order, claim)
                 async with asyncio.timeout(remaining):
                     others = await self._to_unload(order)
                     unloaded: tuple[str, ...] = ()
@@ -276,12 +298,8 @@ class SwapRunner:
                 reason = "swap_timeout" if isinstance(exc, TimeoutError) else str(exc)
                 await self._fail(order, reason, claim, tally)
                 result = "failed"
-        except OwnershipLost:
-            log.warning("swap_ownership_lost", pool=self._policy.name, epoch=epoch)
-        except RedisError as exc:
-            # The store is unreachable: stop here; the heartbeat lapses and a replica that
-            # can reach Redis takes the swap over from the unload step.
-            log.error("swap_store_unreachable", pool=self._policy.name, epoch=epoch, error=str(exc))  # noqa: TRY400
+        except (OwnershipLost, RedisError) as exc:
+            return self._lost(order, claim, exc)
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -290,6 +308,32 @@ class SwapRunner:
                      swap_id=order.swap_id, result=result,
                      seconds=round(time.monotonic() - started, 3))  # fmt: skip
         return SwapRan(result, order.target)
+
+    async def _begin(self, order: SwapOrder, claim: _Claim) -> float:
+        """The pool as the run begins: the claim's expiry as the store has it, and what is
+        left of the swap's budget (seconds)."""
+        asked_at = asyncio.get_running_loop().time()
+        snap = await self._store.snapshot()
+        if snap.epoch == order.epoch and snap.owner == self._controller:
+            claim.confirmed(asked_at, snap.heartbeat_ms - snap.now_ms)
+        remaining = max(0.0, (snap.deadline_ms - snap.now_ms) / 1000)
+        log.info("swap_run", pool=self._policy.name, target=order.target, epoch=order.epoch,
+                 swap_id=order.swap_id, resume=order.resume,
+                 budget_s=round(remaining, 3))  # fmt: skip
+        return remaining
+
+    def _lost(self, order: SwapOrder, claim: _Claim, exc: Exception) -> SwapRan:
+        """The run stops: its claim is gone, or the store cannot be reached (then the
+        heartbeat lapses and a replica that can reach Redis takes the swap over from the
+        unload step). Whether the claim still held tells if another replica may own the
+        swap now."""
+        held = claim.holds
+        about = {"pool": self._policy.name, "epoch": order.epoch, "swap_id": order.swap_id}
+        if isinstance(exc, RedisError):
+            log.error("swap_store_unreachable", claim_held=held, error=str(exc), **about)
+        else:
+            log.warning("swap_ownership_lost", claim_held=held, **about)
+        return SwapRan("lost", order.target, claim_held=held)
 
     async def _refuse(
         self, order: SwapOrder, busy: tuple[str, ...], unloaded: tuple[str, ...], tally: _CacheTally
@@ -496,9 +540,11 @@ class SwapRunner:
 
     async def _heartbeat(self, epoch: int, claim: _Claim) -> None:
         interval = self._policy.heartbeat_ttl_ms / 3000
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval)
             lost = False
+            asked_at = loop.time()
 
             def decide(snap: PoolSnapshot) -> Decision:
                 nonlocal lost
@@ -514,11 +560,41 @@ class SwapRunner:
             if lost:
                 claim.lose()
                 return
+            claim.confirmed(asked_at, self._policy.heartbeat_ttl_ms)
+
+    async def end_lost(self, order: SwapOrder, target: str) -> None:
+        """A swap this replica lost while its claim held (:attr:`SwapRan.claim_held`): once
+        the pool's state is known again, end it in the audit if the store lost it with
+        the state (``decide_lost_swap_end``; docs/adr/0005, point 9). Reads the pool
+        every ``LOST_SWAP_POLL_S`` while Redis is unreachable or the state not rebuilt
+        yet, for at most ``LOST_SWAP_PATIENCE_S``."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + LOST_SWAP_PATIENCE_S
+        while True:
+            try:
+                snap = await self._store.snapshot()
+            except RedisError:
+                snap = None
+            if snap is not None and snap.phase != Phase.UNKNOWN:
+                break
+            if loop.time() >= give_up:
+                log.error("swap_end_unknown", pool=self._policy.name, swap_id=order.swap_id,
+                          epoch=order.epoch, target=target)  # fmt: skip
+                return
+            await asyncio.sleep(LOST_SWAP_POLL_S)
+        decision = decide_lost_swap_end(snap, order, target)
+        if decision.audit:
+            log.warning("swap_lost_with_state", pool=self._policy.name, swap_id=order.swap_id,
+                        epoch=order.epoch, target=target,
+                        rebuilt_epoch=snap.rebuilt_epoch)  # fmt: skip
+            await self._outcomes.report(decision, None, PoolOutcome.SWAP_CANCELLED)
 
 
 class Swaps:
     """The swaps this replica owns for one pool, each in its own task that no request can
-    cancel; the pool's supervisor is woken when one ends."""
+    cancel; the pool's supervisor is woken when one ends. A swap lost while its claim held
+    is followed by a task that ends it in the audit if the store lost it with the pool's
+    state (:meth:`SwapRunner.end_lost`)."""
 
     def __init__(
         self, runner: SwapRunner, announcer: Announcer, pool: str, wake: asyncio.Event
@@ -529,18 +605,26 @@ class Swaps:
         self._wake = wake
         self.tasks: set[asyncio.Task[None]] = set()
 
-    def start(self, order: SwapOrder) -> None:
-        task = asyncio.create_task(self._run(order), name=f"swap-{self._pool}-{order.epoch}")
+    def start(self, order: SwapOrder, *, claimed_at: float | None = None) -> None:
+        """Run ``order``; ``claimed_at`` as :meth:`SwapRunner.run` takes it."""
+        self._start(self._run(order, claimed_at), f"swap-{self._pool}-{order.epoch}")
+
+    def _start(self, work: Coroutine[object, object, None], name: str) -> None:
+        """``work`` in a task of its own, that shutdown waits for (a grace at most)."""
+        task = asyncio.create_task(work, name=name)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _run(self, order: SwapOrder) -> None:
+    async def _run(self, order: SwapOrder, claimed_at: float | None) -> None:
         started = time.monotonic()
         try:
-            ran = await self._runner.run(order)
+            ran = await self._runner.run(order, claimed_at=claimed_at)
         except asyncio.CancelledError:
             log.info("swap_task_stopped", pool=self._pool, epoch=order.epoch)
             raise
         finally:
             self._wake.set()
         self._announcer.swap_ran(self._pool, ran.target, ran.result, time.monotonic() - started)
+        if ran.claim_held:
+            # Not another replica's to end: the store lost it, or could not be reached.
+            self._start(self._runner.end_lost(order, ran.target), f"swap-end-{order.swap_id}")

@@ -32,6 +32,9 @@ class Transitions:
 
     async def decide(self, decide: Decide, attempt: str = "") -> Decision:
         read: dict[str, bool | None] = {}
+        loop = asyncio.get_running_loop()
+        # A swap the decision claims lives at least a heartbeat TTL from before its read.
+        asked_at = loop.time()
         decision, after = await self._store.decide(lambda s: decide(s, dict(read)), attempt)
         # Each round reads at least one member not read before: at most one per member.
         for _ in range(self._members):
@@ -40,8 +43,9 @@ class Transitions:
                 break
             busy = await asyncio.gather(*(slots_busy(self._driver, m, self._pool) for m in members))
             read.update(zip(members, busy, strict=True))
+            asked_at = loop.time()
             decision, after = await self._store.decide(lambda s: decide(s, dict(read)), attempt)
         await self._outcomes.report(decision, after, "decision")
         if decision.swap is not None:
-            self._swaps.start(decision.swap)
+            self._swaps.start(decision.swap, claimed_at=asked_at)
         return decision

@@ -16,6 +16,8 @@ The ``state`` hash, per pool (docs/adr/0001 has the meaning of each field):
     parked     "1": an admin unload; the default member is not warmed
     unhealthy  "1": the resident fails its health checks while it serves
     relearn    until then (ms) the resident counts as busy: the store lost its leases
+    rebuilt    the epoch the state was last rebuilt at (the store lost it): an owner that
+               lost its claim to that ends its swap itself (docs/adr/0005, point 9)
     closed     "1": the resident takes no new lease (another member waited ``maxWait``)
     previous   the member resident before the current one (a swap back to it is counted)
     released   when the resident's last lease was released (ms; written by the release
@@ -106,6 +108,7 @@ def set_state(
     parked: bool | _Keep = KEEP,
     unhealthy: bool | _Keep = KEEP,
     relearn_ms: int | _Keep | None = KEEP,
+    rebuilt_epoch: int | _Keep = KEEP,
     closed: bool | _Keep = KEEP,
     closed_ms: int | _Keep | None = KEEP,
     previous: str | _Keep | None = KEEP,
@@ -136,6 +139,7 @@ def set_state(
         "parked": parked,
         "unhealthy": unhealthy,
         "relearn": relearn_ms,
+        "rebuilt": rebuilt_epoch,
         "closed": closed,
         "closedat": closed_ms,
         "previous": previous,
@@ -251,6 +255,7 @@ def decode_snapshot(raw: Mapping[str, Any]) -> PoolSnapshot:
         parked=bool(state.get("parked")),
         unhealthy=bool(state.get("unhealthy")),
         relearn_ms=int(state.get("relearn") or 0),
+        rebuilt_epoch=int(state.get("rebuilt") or 0),
         closed=bool(state.get("closed")),
         closed_ms=int(state.get("closedat") or 0),
         previous=state.get("previous") or None,
