@@ -368,7 +368,8 @@ class SwapBooks:
     twice_ended: int
     """Swaps with two ends or more stored (each end a distinct event)."""
     ends_without_id: int
-    """Ends stored without a ``swap_id`` (none should be)."""
+    """Ends stored without a ``swap_id``: ``swap_cancelled`` of a drain whose demand left
+    before its swap began (``demand_gone_while_draining``), with no ``swap_started``."""
 
 
 def swap_books(dsn: str) -> SwapBooks:
@@ -638,7 +639,7 @@ async def run(args: argparse.Namespace) -> int:
         f"{'' if quiet else ' (pools not quiet after 30 s)'}, end sent and lost in a killed"
         f" controller's buffer {len(end_lost)}, never ended {len(never_ended)}"
         f"{' ' + ', '.join(never_ended) if never_ended else ''}; ended twice"
-        f" {books.twice_ended}; ends without a swap id {books.ends_without_id}",
+        f" {books.twice_ended}; drains cancelled before a swap began {books.ends_without_id}",
         "busy skips": str(by_outcome["busy_skip"]),
         "leases expired": str(by_outcome["lease_expired"]),
         "audit": f"accepted by JetStream {accepted}, stored {landed} ({rows} events + "
