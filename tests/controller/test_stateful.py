@@ -1177,8 +1177,8 @@ class ControllerMachine(RuleBasedStateMachine):
         over)."""
         if self.snapshot().phase == Phase.UNKNOWN:
             self.rebuild()
-        # A runner whose swap the store lost finds out at its next heartbeat.
-        self.advance(HEARTBEAT_LAPSES_MS)
+        if self.swaps:  # a runner whose swap the store lost finds out at its next heartbeat
+            self.advance(HEARTBEAT_LAPSES_MS)
         while not all(task.done() for task in self.endings):
             self.advance(TIME_STEP_MS)
         snap = self.snapshot()

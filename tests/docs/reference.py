@@ -120,7 +120,16 @@ OUTCOMES: dict[str, tuple[str, str]] = {
     ),
     "swap_cancelled": (
         "controller",
-        "The demand for the target left before its load began; nothing was loaded.",
+        (
+            "The demand for the target left before its load began; nothing was loaded. A "
+            "drain toward a member whose waiters all left before its swap began ends the same "
+            "way, with `reason: demand_gone_while_draining`, no `swap_id` and no "
+            "`swap_started` before it. Or, with `reason: pool_state_lost`, the store lost the "
+            "pool's state while the swap ran (Redis restarted empty, or failed over): the pool "
+            "was rebuilt from what its members report, so the target may be resident; the "
+            "swap's owner sends this end once the pool is rebuilt (under an id derived from "
+            "the swap, stored once whoever sends it)."
+        ),
     ),
     "swap_retargeted": (
         "controller",
