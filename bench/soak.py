@@ -60,6 +60,8 @@ from hotseat.launcher import (
     start_service,
 )
 from hotseat_common.keys import Keys
+from hotseat_common.messages import SWAP_ENDINGS
+from hotseat_pool_controller.model import IN_FLIGHT
 from hotseat_sim.timeline import read_timeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -352,7 +354,7 @@ def stored(dsn: str) -> tuple[int, int, Counter[str], int]:
     return int(rows), int(distinct), by_outcome, int(dead)
 
 
-SWAP_ENDS = ("swap_completed", "swap_failed", "swap_cancelled")
+SWAP_ENDS = sorted(outcome.value for outcome in SWAP_ENDINGS)
 
 
 @dataclass
@@ -374,7 +376,7 @@ class SwapBooks:
 
 def swap_books(dsn: str) -> SwapBooks:
     """The swaps' audit events, read in one connection."""
-    ends = list(SWAP_ENDS)
+    ends = SWAP_ENDS
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
             "SELECT count(DISTINCT swap_id) FROM audit_events e"
@@ -427,9 +429,6 @@ def ends_sent(logs: Path) -> set[str]:
     return sent
 
 
-IN_FLIGHT_PHASES = ("unloading", "loading")
-
-
 async def swaps_in_flight(store_url: str) -> set[str]:
     """The swaps the pool store holds in flight (read after the controllers stopped: their
     swaps were still running, nobody's to end)."""
@@ -438,7 +437,7 @@ async def swaps_in_flight(store_url: str) -> set[str]:
         states = [await client.hgetall(Keys(PREFIX).pool_state(pool)) for pool in POOLS]
     finally:
         await client.aclose()
-    return {s["swap"] for s in states if s.get("phase") in IN_FLIGHT_PHASES and s.get("swap")}
+    return {s["swap"] for s in states if s.get("phase") in IN_FLIGHT and s.get("swap")}
 
 
 async def pools_quiet(store_url: str, timeout: float = 30) -> bool:

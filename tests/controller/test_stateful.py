@@ -80,6 +80,7 @@ from hotseat.launcher import Managed
 from hotseat_common.config.model import BusySignal, PoolActivation
 from hotseat_common.keys import Keys
 from hotseat_common.messages import (
+    SWAP_ENDINGS,
     AcquireRequest,
     ErrorReply,
     Granted,
@@ -359,10 +360,6 @@ class SwapBook:
     owners send under one event id is one event, as JetStream and the audit store keep
     it)."""
 
-    ENDINGS = frozenset({
-        PoolOutcome.SWAP_COMPLETED, PoolOutcome.SWAP_FAILED, PoolOutcome.SWAP_CANCELLED
-    })  # fmt: skip
-
     def __init__(self) -> None:
         self.started: set[str] = set()
         self.also: dict[str, frozenset[str]] = {}
@@ -382,7 +379,7 @@ class SwapBook:
             intent.swap_id, ()
         ):
             return
-        elif intent.outcome in self.ENDINGS:
+        elif intent.outcome in SWAP_ENDINGS:
             self._sent += 1
             event = intent.event_id or f"event-{self._sent}"
             self.ends.setdefault(intent.swap_id, set()).add(event)

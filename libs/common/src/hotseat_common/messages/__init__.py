@@ -18,6 +18,7 @@ from hotseat_common.messages.activation import (
     WaitReply,
 )
 from hotseat_common.messages.audit import (
+    SWAP_ENDINGS,
     AuditEvent,
     PoolOutcome,
     RequestOutcome,
@@ -46,6 +47,7 @@ __all__ = [
     "POOL_UPDATES_ERROR_EVENT",
     "POOL_UPDATES_EVENT",
     "POOL_UPDATES_PATH",
+    "SWAP_ENDINGS",
     "Ack",
     "AcquireReply",
     "AcquireRequest",

@@ -80,6 +80,12 @@ class SwapReason(StrEnum):
     make room for it (``evicts`` names them)."""
 
 
+SWAP_ENDINGS = frozenset({
+    PoolOutcome.SWAP_COMPLETED, PoolOutcome.SWAP_FAILED, PoolOutcome.SWAP_CANCELLED
+})  # fmt: skip
+"""The outcomes that end a swap: each ``swap_started`` is followed by one of them."""
+
+
 class SwapEndReason(StrEnum):
     """Why a swap ended the way it did, where its owner names it: the ``reason`` of a
     ``swap_cancelled`` that no demand left caused."""

@@ -41,7 +41,7 @@ from redis.exceptions import RedisError
 from hotseat_common import tracing as spans
 from hotseat_common.config.model import BusySignal
 from hotseat_common.logging import get_logger
-from hotseat_common.messages import PoolOutcome
+from hotseat_common.messages import SWAP_ENDINGS, PoolOutcome
 from hotseat_common.tracing import NO_TRACING, Span, Tracing
 from hotseat_pool_controller.decisions.capacity import pending_targets
 from hotseat_pool_controller.decisions.swap import (
@@ -89,9 +89,6 @@ LOST_SWAP_PATIENCE_S = 600.0
 the audit (logged as ``swap_end_unknown``)."""
 
 Step = Callable[[PoolSnapshot], Decision | None]
-_SWAP_ENDINGS = frozenset({
-    PoolOutcome.SWAP_COMPLETED, PoolOutcome.SWAP_FAILED, PoolOutcome.SWAP_CANCELLED
-})  # fmt: skip
 
 
 class _CacheTally:
@@ -123,7 +120,7 @@ class _CacheTally:
         if self.figures is None or not decision.audit:
             return decision
         audit = tuple(
-            replace(intent, cache=self.figures) if intent.outcome in _SWAP_ENDINGS else intent
+            replace(intent, cache=self.figures) if intent.outcome in SWAP_ENDINGS else intent
             for intent in decision.audit
         )
         return replace(decision, audit=audit)
