@@ -17,14 +17,17 @@ traffic, so the per-request figure is given both raw and net of it.
 Wake-up: ``--held N`` requests for the pool's other member are sent at once; the swap
 they cause commits, and one sample is the time from the commit (the ``swap_completed``
 audit event's time, taken by the controller right after the commit's script returned) to
-the first held request's arrival at the member (its own request log), another to its
-``serve_start`` in the sims' ledger (millisecond resolution): one host, one clock, read
-by the processes that lived each moment. The client's view (this process receiving the
-commit's notification, then the first held response's headers) is printed beside them:
-the held streams load this process, so it is late to both. So is the commit to its
-state-change notification received here (this host's clock both ends; the held
-requests are all waiting then, so this process is seldom busy). The pool then swaps back,
-``--swaps`` times; ``--matrix ""`` runs the wake-up alone.
+the first held request's arrival at the member (its own request log, which times a
+request by the moment its head reached the sim's app, before the sim routes it or reads
+its body), another to its ``serve_start`` in the sims' ledger (millisecond resolution:
+the sim's own routing, parsing and admission of all the held requests come before it):
+one host, one clock, read by the processes that lived each moment. The client's view
+(this process receiving the commit's notification, then the first held response's
+headers) is printed beside them: the held streams load this process, so it is late to
+both. So is the commit to its state-change notification received here (this host's
+clock both ends; the held requests are all waiting then, so this process is seldom
+busy). The pool then swaps back, ``--swaps`` times; ``--matrix ""`` runs the wake-up
+alone.
 
     .venv/bin/python bench/scale_out.py [--requests 2000] [--concurrency 8]
         [--matrix "1,1,1 2,1,1 4,1,1 1,2,1 1,1,10 1,1,100"]   # routers,controllers,pools
@@ -262,8 +265,9 @@ async def wake_up(args: argparse.Namespace, held: int) -> None:
     """``held`` requests for the other member, ``--swaps`` times. Every time is this host's
     clock (``time.time()``) as the process that lived the moment read it: the commit from
     the ``swap_completed`` audit event (its time is taken right after the commit's script
-    returned), the first held request's arrival from the member's own request log, its
-    ``serve_start`` from the sims' ledger; and, for comparison, the client's view in this
+    returned), the first held request's arrival from the member's own request log (its
+    head at the sim's app), its ``serve_start`` from the sims' ledger; and, for
+    comparison, the client's view in this
     process, which the ``held`` streams load: the commit's notification received to the
     first held response's headers."""
     work = Path(tempfile.mkdtemp(prefix="hotseat-wake-"))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 
 import openai
 import pytest
@@ -223,3 +225,35 @@ async def test_request_log_omits_large_bodies(start_sim: StartSim, config) -> No
     assert log[1]["body"]["omitted_bytes"] > 70_000
     assert (await sim.http.delete("/debug/requests")).status_code == 204
     assert (await sim.http.get("/debug/requests")).json()["requests"] == []
+
+
+async def test_request_log_times_a_request_by_its_head_not_its_handler(
+    start_sim: StartSim, config
+) -> None:
+    """A request's logged ``time`` is when its head reached the sim, not when the sim got
+    round to logging it: the body sent half a second after the head does not move it."""
+    sim = await start_sim(config, "assistant", loaded=True)
+    host, port = sim.url.removeprefix("http://").rsplit(":", 1)
+    body = b'{"model": "late", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}'
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    ).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        head_sent = time.time()
+        writer.write(head)
+        await writer.drain()
+        await asyncio.sleep(0.5)  # the stimulus: a body that comes late
+        body_sent = time.time()
+        writer.write(body)
+        await writer.drain()
+        status = await reader.readline()
+        await reader.read()
+    finally:
+        writer.close()
+    assert status.startswith(b"HTTP/1.1 200")
+    log = (await sim.http.get("/debug/requests")).json()["requests"]
+    (logged,) = [r for r in log if r["body"]["model"] == "late"]
+    assert head_sent <= logged["time"] < body_sent

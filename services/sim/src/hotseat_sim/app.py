@@ -3,6 +3,7 @@ endpoints, with a lifespan that owns the Redis ledger and the model state."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -19,7 +20,7 @@ from hotseat_sim import control, debug, llama_api, openai_api
 from hotseat_sim.ledger import Ledger
 from hotseat_sim.model_state import ModelState
 from hotseat_sim.profile import SimProfile
-from hotseat_sim.runtime import SimRuntime
+from hotseat_sim.runtime import ARRIVED_AT, SimRuntime
 from hotseat_sim.settings import SimSettings
 from hotseat_sim.slots import SlotPool
 
@@ -50,6 +51,19 @@ class SimHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+class ArrivalStamp:
+    """Stamps each HTTP request with the time its head reached the app (``ARRIVED_AT``),
+    before the framework routes it or reads its body: the request log's ``time``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})[ARRIVED_AT] = time.time()
+        await self.app(scope, receive, send)
 
 
 def create_app(settings: SimSettings, profile: SimProfile) -> FastAPI:
@@ -103,4 +117,5 @@ def create_app(settings: SimSettings, profile: SimProfile) -> FastAPI:
     app.include_router(control.router)
     app.include_router(debug.router)
     app.add_middleware(SimHeaders, profile=profile)
+    app.add_middleware(ArrivalStamp)  # the outermost of ours: added last
     return app

@@ -1,8 +1,9 @@
 """Debug endpoints for tests of what reaches a backend (header hygiene, model rewrite).
 
 - ``/debug/echo`` (any method): the request's method, path, query, headers and body.
-- ``GET /debug/requests``: the last requests to the OpenAI endpoints (method, path,
-  headers, body), oldest first; ``DELETE /debug/requests`` forgets them.
+- ``GET /debug/requests``: the last requests to the OpenAI endpoints (the time their
+  head reached the sim, method, path, headers, body), oldest first; ``DELETE
+  /debug/requests`` forgets them.
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ from hotseat_sim.slots import Slot, SlotPool, common_prefix
 REQUEST_ID_HEADERS = ("x-hotseat-request-id", "x-request-id")
 REQUEST_LOG_SIZE = 200
 REQUEST_LOG_BODY_LIMIT = 64 * 1024
+ARRIVED_AT = "hotseat_sim_arrived_at"
+"""The ``scope["state"]`` key under which the app's outermost layer (``app.ArrivalStamp``)
+puts the time (``time.time()``) a request's head reached the sim's app."""
 """Bodies larger than this are logged as their size only."""
 
 
@@ -61,12 +64,16 @@ class RequestLog:
     entries: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=REQUEST_LOG_SIZE))
 
     async def record(self, request: Request, body: Any) -> None:
+        """Log ``request``. Its ``time`` is when its head reached the sim's app, not now:
+        with many requests arriving at once, the sim's own routing and body parsing of the
+        others would otherwise be counted as the sender's lateness."""
         size = len(await request.body())  # cached by Starlette: no second read
         if size > REQUEST_LOG_BODY_LIMIT:
             body = {"omitted_bytes": size}
+        arrived = request.scope.get("state", {}).get(ARRIVED_AT)
         self.entries.append(
             {
-                "time": time.time(),
+                "time": arrived if arrived is not None else time.time(),
                 "method": request.method,
                 "path": request.url.path,
                 "headers": headers_of(request),
