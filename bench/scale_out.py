@@ -267,9 +267,8 @@ async def wake_up(args: argparse.Namespace, held: int) -> None:
     the ``swap_completed`` audit event (its time is taken right after the commit's script
     returned), the first held request's arrival from the member's own request log (its
     head at the sim's app), its ``serve_start`` from the sims' ledger; and, for
-    comparison, the client's view in this
-    process, which the ``held`` streams load: the commit's notification received to the
-    first held response's headers."""
+    comparison, the client's view in this process, which the ``held`` streams load: the
+    commit's notification received to the first held response's headers."""
     work = Path(tempfile.mkdtemp(prefix="hotseat-wake-"))
     fleet = start_fleet(work, 1, 1, 1)
     nc = await nats.connect(fleet.infra.nats.url)

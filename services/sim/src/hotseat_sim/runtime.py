@@ -23,10 +23,10 @@ from hotseat_sim.slots import Slot, SlotPool, common_prefix
 REQUEST_ID_HEADERS = ("x-hotseat-request-id", "x-request-id")
 REQUEST_LOG_SIZE = 200
 REQUEST_LOG_BODY_LIMIT = 64 * 1024
+"""Bodies larger than this are logged as their size only."""
 ARRIVED_AT = "hotseat_sim_arrived_at"
 """The ``scope["state"]`` key under which the app's outermost layer (``app.ArrivalStamp``)
 puts the time (``time.time()``) a request's head reached the sim's app."""
-"""Bodies larger than this are logged as their size only."""
 
 
 class JSONBody(Response):
