@@ -12,7 +12,10 @@ The traffic is the same in every configuration: ``--requests`` pooled requests w
 ``--concurrency`` in flight, spread round-robin over the routers, all to one pool's
 resident member. The other pools exist and are idle (no ``default`` member, so they
 need no sim process); their background is the commands counted over as long with no
-traffic, so the per-request figure is given both raw and net of it.
+traffic, so the per-request figure is given both raw and net of it. Each line also gives
+how busy this process was driving the traffic (its CPU time over the run's): near 100%,
+it set the pace, and the gaps it left in each router's traffic cost acquires (a router
+releases its lease when its last request ends).
 
 Wake-up: ``--held N`` requests for the pool's other member are sent at once; the swap
 they cause commits, and one sample is the time from the commit (the ``swap_completed``
@@ -203,7 +206,11 @@ async def counts(args: argparse.Namespace, routers: int, controllers: int, pools
             await drive(http, urls, "a", 50 * routers, min(args.concurrency, 4))  # warm-up
             await asyncio.sleep(2)
             t0 = await tally(client, http, monitor)
+            cpu = time.process_time()
             seconds = await drive(http, urls, "a", args.requests, args.concurrency)
+            # How busy this process was driving the traffic: near 100%, it set the pace,
+            # and the routers saw gaps it made (more acquires per request).
+            driver_busy = (time.process_time() - cpu) / seconds
             t1 = await tally(client, http, monitor)
             # The background over as long, with no traffic (leases released, pools quiet).
             await asyncio.sleep(3)
@@ -221,8 +228,8 @@ async def counts(args: argparse.Namespace, routers: int, controllers: int, pools
             f"  out {busy.nats_out / n:5.2f}/req"
             f" (net {(busy.nats_out - idle.nats_out) / n:5.2f})"
             f"  acquires {busy.subjects['pool.acquire'] / n:4.2f}/req"
-            f"  [{n / seconds:.0f} req/s; idle over {seconds:.1f} s: Redis {idle.commands},"
-            f" NATS in {idle.nats_in}]",
+            f"  [{n / seconds:.0f} req/s, this process busy {driver_busy:.0%};"
+            f" idle over {seconds:.1f} s: Redis {idle.commands}, NATS in {idle.nats_in}]",
             flush=True,
         )
         if args.breakdown:
