@@ -376,21 +376,20 @@ class SwapBooks:
 
 def swap_books(dsn: str) -> SwapBooks:
     """The swaps' audit events, read in one connection."""
-    ends = SWAP_ENDS
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
             "SELECT count(DISTINCT swap_id) FROM audit_events e"
             " WHERE kind = 'pool' AND swap_id IS NOT NULL AND outcome = ANY(%s)"
             " AND NOT EXISTS (SELECT 1 FROM audit_events s"
             "  WHERE s.swap_id = e.swap_id AND s.outcome = 'swap_started')",
-            (ends,),
+            (SWAP_ENDS,),
         ).fetchone()
         unended = conn.execute(
             "SELECT DISTINCT swap_id FROM audit_events s"
             " WHERE kind = 'pool' AND outcome = 'swap_started' AND swap_id IS NOT NULL"
             " AND NOT EXISTS (SELECT 1 FROM audit_events e WHERE e.swap_id = s.swap_id"
             "  AND e.outcome = ANY(%s))",
-            (ends,),
+            (SWAP_ENDS,),
         ).fetchall()
         twice = conn.execute(
             "SELECT count(*) FROM (SELECT swap_id FROM audit_events"
@@ -398,12 +397,12 @@ def swap_books(dsn: str) -> SwapBooks:
             # A capacity pool's plan may fail one member alone before its own end; these
             # pools have one resident, so a swap has one end.
             " GROUP BY swap_id HAVING count(*) > 1) twice",
-            (ends,),
+            (SWAP_ENDS,),
         ).fetchone()
         anonymous = conn.execute(
             "SELECT count(*) FROM audit_events"
             " WHERE kind = 'pool' AND swap_id IS NULL AND outcome = ANY(%s)",
-            (ends,),
+            (SWAP_ENDS,),
         ).fetchone()
     return SwapBooks(
         without_start=int(row[0]) if row else 0,

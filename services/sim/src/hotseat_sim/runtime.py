@@ -4,7 +4,6 @@ error bodies (llama.cpp's, which OpenAI clients also parse)."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
@@ -70,10 +69,9 @@ class RequestLog:
         size = len(await request.body())  # cached by Starlette: no second read
         if size > REQUEST_LOG_BODY_LIMIT:
             body = {"omitted_bytes": size}
-        arrived = request.scope.get("state", {}).get(ARRIVED_AT)
         self.entries.append(
             {
-                "time": arrived if arrived is not None else time.time(),
+                "time": request.scope["state"][ARRIVED_AT],
                 "method": request.method,
                 "path": request.url.path,
                 "headers": headers_of(request),
