@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import psycopg
 
 from hotseat.launcher import Managed, free_port, start_nats, start_service
@@ -45,6 +44,7 @@ from hotseat_audit.query import Cursor, EventFilter, to_micros
 from hotseat_audit.store import AuditStore, open_store, parse_dsn
 from hotseat_audit.store.base import STORED_FIELDS
 from hotseat_common.audit_stream import AuditStreamSpec, ensure_audit_stream
+from hotseat_common.connections import open_nats
 from hotseat_common.messages.audit import AuditEvent, PoolOutcome, RequestOutcome
 from hotseat_common.subjects import AUDIT_DURABLE, Subjects
 
@@ -127,7 +127,7 @@ ROWS = 1_000_000
 
 
 async def publish_backlog(nats_url: str, n: int) -> tuple[float, int]:
-    nc = await nats.connect(nats_url)
+    nc = await open_nats(nats_url)
     js = nc.jetstream(publish_async_max_pending=8000)
     subjects = Subjects(PREFIX)
     await ensure_audit_stream(js, AuditStreamSpec(name=STREAM, subjects=subjects))
@@ -166,7 +166,7 @@ async def measure_ingest(workdir: Path, dsn: str, n: int, batch: int) -> tuple[f
     audit: Managed | None = None
     try:
         publish_rate, last = await publish_backlog(nats_proc.url, n)
-        nc = await nats.connect(nats_proc.url)
+        nc = await open_nats(nats_proc.url)
         js = nc.jetstream()
         audit = start_service(
             "audit", "hotseat-audit",

@@ -24,13 +24,13 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import nats
 from nats.aio.client import Client as NatsClient
 from nats.js.api import Header
 from prometheus_client import CollectorRegistry
 
 from hotseat.launcher import start_nats
 from hotseat_common.audit_stream import AuditPublisher, AuditStreamSpec, ensure_audit_stream
+from hotseat_common.connections import open_nats
 from hotseat_common.messages.audit import encode_event
 from hotseat_common.metrics import AuditPublishMetrics
 from hotseat_common.subjects import Subjects
@@ -111,7 +111,7 @@ WAYS: dict[str, Way] = {
 
 async def one_round(url: str, way: Way, args: argparse.Namespace) -> tuple[float, float]:
     """CPU µs per event, and NATS messages received per event (acks)."""
-    nc = await nats.connect(url)
+    nc = await open_nats(url)
     prefix = "ap" + uuid.uuid4().hex[:8]
     subjects = Subjects(prefix)
     stream = f"AUDIT_{prefix}"

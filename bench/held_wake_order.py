@@ -30,12 +30,12 @@ import time
 import uuid
 from pathlib import Path
 
-import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from hotseat import launcher
 from hotseat_common.config.model import PoolActivation
+from hotseat_common.connections import open_nats
 from hotseat_common.messages import Granted, PoolStateChanged, WaitReason, WaitReply
 from hotseat_common.subjects import Subjects
 from hotseat_router.activation import nats as activation
@@ -55,7 +55,7 @@ async def respond(url: str) -> None:
     """The controller's stand-in: ``wait`` until told to announce, then the time from its
     announcement to the first question after it, and a grant."""
     subjects = Subjects(PREFIX)
-    nc = await nats.connect(url)
+    nc = await open_nats(url)
     resident = False
     epoch = 1
     announced: float | None = None
@@ -169,7 +169,7 @@ async def main() -> None:
         assert stand_in.stdout is not None
         if (await stand_in.stdout.readline()).strip() != b"ready":
             raise SystemExit("the controller's stand-in did not start")
-        nc = await nats.connect(server.url)
+        nc = await open_nats(server.url)
         client = NatsActivationClient(nc, Subjects(PREFIX), "bench-router")
         await client.start()
         print("the router's question after the pool's change (the stand-in's clock)")

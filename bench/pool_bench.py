@@ -37,6 +37,7 @@ import yaml
 
 from hotseat.launcher import ProcessGroup, free_port, start_nats, start_redis, start_service
 from hotseat_common.config.model import PoolActivation
+from hotseat_common.connections import open_nats
 from hotseat_common.messages import (
     ACQUIRE_REPLY,
     AcquireRequest,
@@ -310,7 +311,7 @@ async def main() -> None:
         router = group.add(
             start_service("router", "hotseat-router", [], port=free_port(), log_dir=work, env=env)
         )
-        nc = await nats.connect(nats_proc.url)
+        nc = await open_nats(nats_proc.url)
         subjects = Subjects(PREFIX)
         async with httpx.AsyncClient() as http:
             while (await http.get(f"{router.url}/v1/models")).status_code != 200:

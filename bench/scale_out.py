@@ -52,11 +52,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import redis.asyncio as aioredis
 from fleet import Fleet, Infra, sim_backend, start_infra
 
 from hotseat.launcher import Managed, free_port
+from hotseat_common.connections import open_nats
 from hotseat_common.keys import Keys
 from hotseat_common.messages import AuditEvent, PoolOutcome, PoolStateChanged
 from hotseat_common.subjects import Subjects
@@ -278,7 +278,7 @@ async def wake_up(args: argparse.Namespace, held: int) -> None:
     commit's notification received to the first held response's headers."""
     work = Path(tempfile.mkdtemp(prefix="hotseat-wake-"))
     fleet = start_fleet(work, 1, 1, 1)
-    nc = await nats.connect(fleet.infra.nats.url)
+    nc = await open_nats(fleet.infra.nats.url)
     subjects = Subjects(PREFIX)
     try:
         url = fleet.routers[0].url

@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import psycopg
 import redis.asyncio as aioredis
 import yaml
@@ -59,6 +58,7 @@ from hotseat.launcher import (
     start_redis,
     start_service,
 )
+from hotseat_common.connections import open_nats
 from hotseat_common.keys import Keys
 from hotseat_common.messages import SWAP_ENDINGS
 from hotseat_pool_controller.model import IN_FLIGHT
@@ -331,7 +331,7 @@ async def chaos_loop(
 
 
 async def stream_messages(nats_url: str) -> int:
-    nc = await nats.connect(nats_url, connect_timeout=5)
+    nc = await open_nats(nats_url, connect_timeout=5)
     try:
         info = await nc.jetstream().stream_info(STREAM)
         return int(info.state.messages)

@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import nats
 import pytest
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
 
 from hotseat.launcher import Managed, start_nats, start_redis
+from hotseat_common.connections import open_nats
 from hotseat_common.settings import RedisSettings
 from hotseat_pool_controller.store.link import RedisLink
 from tests.support.infra import fresh_postgres_database, unique_prefix
@@ -51,7 +51,7 @@ def prefix() -> str:
 
 @pytest.fixture
 async def nc(nats_server: Managed) -> AsyncIterator[NatsClient]:
-    client = await nats.connect(nats_server.url, connect_timeout=2)
+    client = await open_nats(nats_server.url, connect_timeout=2)
     yield client
     await client.drain()
 

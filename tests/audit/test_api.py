@@ -12,12 +12,12 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-import nats
 import psycopg
 import pytest
 
 from hotseat.launcher import Managed, free_port, start_service
 from hotseat_common.audit_stream import AuditStreamSpec, ensure_audit_stream
+from hotseat_common.connections import open_nats
 from hotseat_common.messages.audit import AuditEvent, PoolOutcome, RequestOutcome
 from hotseat_common.subjects import AUDIT_DURABLE, Subjects
 from tests.audit.conftest import stream_name
@@ -104,7 +104,7 @@ async def populated(
             conn.execute(f'CREATE SCHEMA "{prefix}"')
         dsn = f"{schema_dsn}?options={quote(f'-csearch_path={prefix}')}"
     subjects = Subjects(prefix)
-    nc = await nats.connect(nats_server.url)
+    nc = await open_nats(nats_server.url)
     js = nc.jetstream()
     await ensure_audit_stream(js, AuditStreamSpec(name=stream_name(prefix), subjects=subjects))
     events = dataset()

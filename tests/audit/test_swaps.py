@@ -11,7 +11,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import httpx
-import nats
 import orjson
 import psycopg
 
@@ -21,6 +20,7 @@ from hotseat_audit.query import EventFilter
 from hotseat_audit.store import open_store, parse_dsn
 from hotseat_audit.store.migrations import LATEST, MIGRATIONS
 from hotseat_common.audit_stream import AuditStreamSpec, ensure_audit_stream
+from hotseat_common.connections import open_nats
 from hotseat_common.messages.audit import AuditEvent, PoolOutcome, RequestOutcome
 from hotseat_common.subjects import AUDIT_DURABLE, Subjects
 from tests.audit.conftest import AuditFactory, stream_name
@@ -111,7 +111,7 @@ def swap_story() -> list[AuditEvent]:
 async def _serve(start_audit: AuditFactory, dsn: str, nats_url: str, prefix: str) -> str:
     """An audit service over ``dsn`` holding :func:`swap_story`; its URL."""
     service = start_audit(dsn)
-    nc = await nats.connect(nats_url)
+    nc = await open_nats(nats_url)
     try:
         js = nc.jetstream()
         subjects = Subjects(prefix)

@@ -7,7 +7,6 @@ import os
 import socket
 from pathlib import Path
 
-import nats
 import pytest
 import redis.asyncio as aioredis
 
@@ -20,6 +19,7 @@ from hotseat.launcher import (
     start_nats,
     start_redis,
 )
+from hotseat_common.connections import open_nats
 
 
 def _gone(pid: int) -> bool:
@@ -37,7 +37,7 @@ async def test_nats_starts_with_jetstream_and_stops(tmp_path: Path) -> None:
     proc = start_nats(tmp_path)
     try:
         assert nats_reachable(proc.url)
-        nc = await nats.connect(proc.url)
+        nc = await open_nats(proc.url)
         info = await nc.jetstream().account_info()
         assert info.limits is not None
         await nc.close()

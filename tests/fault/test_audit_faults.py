@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from prometheus_client import CollectorRegistry
 
 from hotseat.launcher import Managed, free_port, start_service
 from hotseat_common.audit_stream import AuditPublisher, AuditStreamSpec, ensure_audit_stream
+from hotseat_common.connections import open_nats
 from hotseat_common.metrics import AuditPublishMetrics
 from hotseat_common.subjects import AUDIT_DURABLE, Subjects
 from tests.audit.support import (
@@ -130,7 +130,7 @@ async def test_a_lost_publish_ack_stores_the_retried_event_once(  # noqa: PLR091
     subjects = await make_stream(nc, prefix)
     start_audit(tmp_path, prefix, nats_server.url, audit_db.dsn)
     proxy = proxies(int(nats_server.url.rsplit(":", 1)[1]))
-    publisher_nc = await nats.connect(proxy.url("nats"), reconnect_time_wait=0.2)
+    publisher_nc = await open_nats(proxy.url("nats"), reconnect_time_wait=0.2)
     registry = CollectorRegistry()
     metrics = AuditPublishMetrics(registry)
     publisher = AuditPublisher(publisher_nc, subjects, metrics)

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import pytest
 
 from hotseat.launcher import Managed, free_port, start_redis
 from hotseat_common.config.model import PoolActivation
+from hotseat_common.connections import open_nats
 from hotseat_common.messages import (
     ACQUIRE_REPLY,
     Ack,
@@ -191,7 +191,7 @@ async def test_a_cancel_touches_only_the_member_it_names(
     stack.start_controller("c1")
     await stack.wait_resident("judge")
     subjects = Subjects(stack.prefix)
-    nc = await nats.connect(nats_server.url, connect_timeout=2)
+    nc = await open_nats(nats_server.url, connect_timeout=2)
     try:
 
         async def acquire(member: str) -> Any:

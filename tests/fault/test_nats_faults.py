@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import nats as nats_client
 import pytest
 from nats.aio.client import Client as NatsClient
 
 from hotseat.launcher import free_port, start_nats
+from hotseat_common.connections import open_nats
 from hotseat_common.subjects import AUDIT_DURABLE
 from tests.audit.support import (
     drop_schema,
@@ -107,7 +107,7 @@ async def test_nats_restart_is_survived_without_losing_acked_audit_events(
 
 @asynccontextmanager
 async def _nats(url: str) -> AsyncIterator[NatsClient]:
-    nc = await nats_client.connect(url, connect_timeout=2)
+    nc = await open_nats(url, connect_timeout=2)
     try:
         yield nc
     finally:

@@ -8,10 +8,10 @@ import contextlib
 from collections import Counter
 
 import httpx
-import nats
 import orjson
 
 from hotseat.launcher import free_port, start_nats
+from hotseat_common.connections import open_nats
 from tests.support.waiting import eventually
 
 CHAT = "/v1/chat/completions"
@@ -123,7 +123,7 @@ async def test_served_while_nats_is_down(upstream, start_router, tmp_path, prefi
             assert statuses == [200, 200, 200]
             assert await nats_down()
             own_nats = start_nats(tmp_path / "nats", port=port)
-            nc = await nats.connect(own_nats.url)
+            nc = await open_nats(own_nats.url)
             try:
                 sub = await nc.jetstream().pull_subscribe(">", stream=f"{prefix}_AUDIT")
                 seen: set[str] = set()

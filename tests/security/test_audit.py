@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import orjson
 import pytest
 
 from hotseat.launcher import Managed, find_binary, free_port, start_service
 from hotseat_audit.query import Cursor, EventFilter
 from hotseat_common.audit_stream import AuditStreamSpec, ensure_audit_stream
+from hotseat_common.connections import open_nats
 from hotseat_common.subjects import AUDIT_DURABLE, Subjects
 from tests.audit.conftest import stream_name
 from tests.audit.support import drop_schema, postgres_schema_dsn, publish_events, request_events
@@ -58,7 +58,7 @@ async def deployment(
         base = request.getfixturevalue("postgres_dsn")
         dsn = postgres_schema_dsn(base, prefix)
     subjects = Subjects(prefix)
-    nc = await nats.connect(nats_server.url)
+    nc = await open_nats(nats_server.url)
     js = nc.jetstream()
     await ensure_audit_stream(js, AuditStreamSpec(name=stream_name(prefix), subjects=subjects))
     acks = await publish_events(js, subjects, request_events(EVENTS))

@@ -16,13 +16,13 @@ from datetime import datetime
 from typing import Any
 
 import httpx
-import nats
 import orjson
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from hotseat.launcher import Managed
+from hotseat_common.connections import open_nats
 from tests.support.waiting import eventually
 
 PUBLISHED = "hotseat_audit_events_published_total"
@@ -79,7 +79,7 @@ async def urls_flushed(urls: Iterable[str], *, timeout: float = 30) -> dict[str,
 async def stream_events(nats_url: str, stream: str, subject: str) -> list[dict[str, Any]]:
     """Every event of ``stream`` on ``subject``, oldest first, read up to the stream's last
     sequence as it stood when the call began."""
-    nc = await nats.connect(nats_url, connect_timeout=2)
+    nc = await open_nats(nats_url, connect_timeout=2)
     try:
         js = nc.jetstream()
         try:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import nats
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
 from redis.asyncio.retry import Retry
@@ -20,6 +20,40 @@ log = get_logger(__name__)
 NATS_CONNECT_TIMEOUT = 2.0
 NATS_DRAIN_TIMEOUT = 10
 REDIS_SOCKET_TIMEOUT = 2.0
+
+ErrorCallback = Callable[[Exception], Awaitable[None]]
+
+
+async def open_nats(servers: str | list[str], **options: Any) -> NatsClient:
+    """``nats.connect(servers, **options)``, whose reconnect attempts leave no socket behind.
+
+    nats-py (2.16) keeps the socket of a reconnect attempt whose handshake failed (the
+    server end closed it before NATS's greeting, or it came too late) and opens the next
+    attempt beside it: each stays open until the garbage collector finds it, one per
+    attempt through an outage. The failed attempt is reported to ``error_cb`` before the
+    next starts, so that is where its socket is closed. The services and the tests connect
+    through here. With no ``error_cb`` of the caller's, failures are not logged (nats-py's
+    own callback would log each at ERROR).
+    """
+    client = NatsClient()
+    error_cb: ErrorCallback | None = options.pop("error_cb", None)
+
+    async def on_error(exc: Exception) -> None:
+        if client.is_reconnecting or client.is_connecting:
+            _close_attempt(client)
+        if error_cb is not None:
+            await error_cb(exc)
+
+    await client.connect(servers, error_cb=on_error, **options)
+    return client
+
+
+def _close_attempt(client: NatsClient) -> None:
+    """Close the socket of the connection attempt that just failed (a no-op when it is
+    closed already, or when the attempt failed before it had one)."""
+    transport = client._transport  # noqa: SLF001 - nats-py gives no other handle on it
+    if transport is not None:
+        transport.close()  # type: ignore[no-untyped-call]
 
 
 async def connect_nats(settings: ServiceSettings, name: str) -> NatsClient:
@@ -37,8 +71,8 @@ async def connect_nats(settings: ServiceSettings, name: str) -> NatsClient:
             url=str(client.connected_url.geturl()) if client.connected_url else None,
         )
 
+    servers = [u.strip() for u in settings.nats_url.split(",") if u.strip()]
     options: dict[str, Any] = {
-        "servers": [u.strip() for u in settings.nats_url.split(",") if u.strip()],
         "name": name,
         "connect_timeout": NATS_CONNECT_TIMEOUT,
         "reconnect_time_wait": 0.5,
@@ -59,7 +93,7 @@ async def connect_nats(settings: ServiceSettings, name: str) -> NatsClient:
         options["user_credentials"] = str(settings.nats_creds)
     if settings.nats_tls_ca:
         options["tls"] = ssl.create_default_context(cafile=str(settings.nats_tls_ca))
-    client = await nats.connect(**options)
+    client = await open_nats(servers, **options)
     return client
 
 
