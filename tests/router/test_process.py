@@ -147,6 +147,36 @@ async def test_two_workers_serve(upstream, nats_server, prefix, tmp_path):
                 response = await http.post(f"{proc.url}{CHAT}", json={"model": "m"})
                 assert response.status_code == 200
                 assert response.headers["x-hotseat-backend"] == "a"
+                assert "server" not in response.headers, response.headers
+    finally:
+        proc.stop()
+
+
+async def test_no_answer_names_the_server_software(upstream, nats_server, prefix, tmp_path):
+    """No response of the router process carries a ``server`` header: not the upstream's
+    (a hop the router strips) and not one naming the HTTP server the router runs on."""
+    a = await upstream("a")
+    config = write_config(
+        tmp_path, [{"name": "a", "address": a.url}], defaultRoute="a", unknownModels="DefaultRoute"
+    )
+    proc = await asyncio.to_thread(
+        start_service,
+        "router",
+        "hotseat-router",
+        router_args(nats_server, prefix, config),
+        port=free_port(),
+        log_dir=tmp_path,
+    )
+    try:
+        async with httpx.AsyncClient(timeout=10) as http:
+            answers = [
+                await http.post(f"{proc.url}{CHAT}", json={"model": "m"}),
+                await http.post(f"{proc.url}{CHAT}", content=b"{not json"),
+                await http.get(f"{proc.url}/healthz"),
+                await http.get(f"{proc.url}/metrics"),
+            ]
+        assert [r.status_code for r in answers] == [200, 400, 200, 200]
+        assert [r.headers.get("server") for r in answers] == [None] * 4
     finally:
         proc.stop()
 

@@ -136,6 +136,8 @@ def run_app(
         "access_log": False,
         "timeout_graceful_shutdown": max(1, int(settings.shutdown_grace)),
         "timeout_keep_alive": 30,
+        # No answer names the server software it runs on (uvicorn's "server: uvicorn").
+        "server_header": False,
         "factory": factory,
     }
     if workers > 1:
