@@ -36,6 +36,25 @@ def router_args(nats_server, prefix, config, *more):
     ]  # fmt: skip
 
 
+async def start_router(tmp_path, nats_server, prefix, upstream_url, *more, **options) -> Managed:
+    """The router process with one backend, ``a`` at ``upstream_url``, for every model."""
+    config = write_config(
+        tmp_path,
+        [{"name": "a", "address": upstream_url}],
+        defaultRoute="a",
+        unknownModels="DefaultRoute",
+    )
+    return await asyncio.to_thread(
+        start_service,
+        "router",
+        "hotseat-router",
+        router_args(nats_server, prefix, config, *more),
+        port=free_port(),
+        log_dir=tmp_path,
+        **options,
+    )
+
+
 def test_invalid_config_exits_2(tmp_path):
     """An invalid config stops the router with exit code 2 and the error's path."""
     path = tmp_path / "bad.yaml"
@@ -77,18 +96,7 @@ async def test_sigterm_lets_streams_finish(upstream, nats_server, prefix, tmp_pa
     events and exits."""
     a = await upstream("a")
     a.mode = "stream"
-    config = write_config(
-        tmp_path, [{"name": "a", "address": a.url}], defaultRoute="a", unknownModels="DefaultRoute"
-    )
-    port = free_port()
-    proc = await asyncio.to_thread(
-        start_service,
-        "router",
-        "hotseat-router",
-        router_args(nats_server, prefix, config, "--shutdown-grace", "20"),
-        port=port,
-        log_dir=tmp_path,
-    )
+    proc = await start_router(tmp_path, nats_server, prefix, a.url, "--shutdown-grace", "20")
     try:
         async with (
             httpx.AsyncClient(timeout=10) as http,
@@ -127,18 +135,8 @@ async def test_sigterm_lets_streams_finish(upstream, nats_server, prefix, tmp_pa
 async def test_two_workers_serve(upstream, nats_server, prefix, tmp_path):
     """--workers 2 starts two processes that both serve from the same port."""
     a = await upstream("a")
-    config = write_config(
-        tmp_path, [{"name": "a", "address": a.url}], defaultRoute="a", unknownModels="DefaultRoute"
-    )
-    proc = await asyncio.to_thread(
-        start_service,
-        "router",
-        "hotseat-router",
-        router_args(nats_server, prefix, config, "--workers", "2"),
-        port=free_port(),
-        log_dir=tmp_path,
-        timeout=120,  # two workers importing the app on a loaded host
-    )
+    # timeout: two workers importing the app on a loaded host
+    proc = await start_router(tmp_path, nats_server, prefix, a.url, "--workers", "2", timeout=120)
     try:
         # Each worker logs once its lifespan is up; there is no other signal to await.
         await eventually(lambda: _logged(proc, "router_started", times=2), timeout=120)
@@ -156,17 +154,7 @@ async def test_no_answer_names_the_server_software(upstream, nats_server, prefix
     """No response of the router process carries a ``server`` header: not the upstream's
     (a hop the router strips) and not one naming the HTTP server the router runs on."""
     a = await upstream("a")
-    config = write_config(
-        tmp_path, [{"name": "a", "address": a.url}], defaultRoute="a", unknownModels="DefaultRoute"
-    )
-    proc = await asyncio.to_thread(
-        start_service,
-        "router",
-        "hotseat-router",
-        router_args(nats_server, prefix, config),
-        port=free_port(),
-        log_dir=tmp_path,
-    )
+    proc = await start_router(tmp_path, nats_server, prefix, a.url)
     try:
         async with httpx.AsyncClient(timeout=10) as http:
             answers = [
@@ -197,19 +185,16 @@ async def test_two_workers_count_every_request_whichever_answers_the_scrape(
     samples to the shared directory, and a scrape, whichever worker answers it, counts
     the requests both served (no in-flight request is left counted)."""
     a = await upstream("a")
-    config = write_config(
-        tmp_path, [{"name": "a", "address": a.url}], defaultRoute="a", unknownModels="DefaultRoute"
-    )
     shared = tmp_path / "metrics"
     shared.mkdir()
     (shared / "counter_1.db").write_bytes(b"stale")  # a previous run's: removed at start
-    proc = await asyncio.to_thread(
-        start_service,
-        "router",
-        "hotseat-router",
-        router_args(nats_server, prefix, config, "--workers", "2"),
-        port=free_port(),
-        log_dir=tmp_path,
+    proc = await start_router(
+        tmp_path,
+        nats_server,
+        prefix,
+        a.url,
+        "--workers",
+        "2",
         env={"PROMETHEUS_MULTIPROC_DIR": str(shared)},
         timeout=120,
     )
