@@ -50,10 +50,14 @@ async def open_nats(servers: str | list[str], **options: Any) -> NatsClient:
 
 def _close_attempt(client: NatsClient) -> None:
     """Close the socket of the connection attempt that just failed (a no-op when it is
-    closed already, or when the attempt failed before it had one)."""
-    transport = client._transport  # noqa: SLF001 - nats-py gives no other handle on it
+    closed already, or when the attempt failed before it had one).
+
+    nats-py gives no public handle on it. Should a release rename the attribute, this does
+    nothing rather than raise: an exception here would end nats-py's reconnect loop, and
+    ``tests/common/test_connections.py`` would show the leak back."""
+    transport = getattr(client, "_transport", None)
     if transport is not None:
-        transport.close()  # type: ignore[no-untyped-call]
+        transport.close()
 
 
 async def connect_nats(settings: ServiceSettings, name: str) -> NatsClient:
