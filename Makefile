@@ -6,7 +6,7 @@ MEMBERS := -e libs/common -e services/router -e services/pool-controller -e serv
 PYPROJECTS := pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps run test test-fault fuzz soak check lint typecheck bench clean
+.PHONY: install system-deps llama run test test-fault fuzz soak check lint typecheck bench clean
 
 $(BIN)/.installed: $(PYPROJECTS)
 	$(PYTHON) -m venv $(VENV)
@@ -24,13 +24,25 @@ system-deps:
 run: install
 	$(BIN)/hotseat up $(if $(CONFIG),--config $(CONFIG))
 
+## Test worker processes (pytest-xdist): one per logical CPU; TEST_WORKERS=0 runs the
+## tests in pytest's own process. Each worker starts its own nats-server and redis-server.
+TEST_WORKERS ?= logical
+XDIST := -n $(TEST_WORKERS) --dist worksteal
+
 ## Run the test suite against real NATS, Redis and PostgreSQL.
-test: install system-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test: install system-deps llama
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 ## Only the fault-injection tests (tests/fault, marker fault); docs/reliability.md lists them.
 test-fault: install system-deps
-	$(BIN)/python -m pytest -m fault $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m fault $(XDIST) $(PYTEST_ARGS)
+
+## llama-server and the models the realserver tests run, cached under ~/.cache/hotseat: a
+## check of under a second, or about 10 minutes of compiling on a fresh machine, with its
+## progress shown here (test workers print nothing until their tests run). On failure the
+## realserver tests say why (docs/llama.md).
+llama: install
+	-$(BIN)/python scripts/llama/prepare.py
 
 ## The router fuzz run (tests/security/test_fuzz.py) for FUZZ_SECONDS (default 30 minutes).
 FUZZ_SECONDS ?= 1800
