@@ -5,6 +5,7 @@ streams."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -12,11 +13,23 @@ import pytest
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
 
-from hotseat.launcher import Managed, start_nats, start_redis
+from hotseat.launcher import FREE_PORTS_ENV, Managed, free_port_range, start_nats, start_redis
 from hotseat_common.connections import open_nats
 from hotseat_common.settings import RedisSettings
 from hotseat_pool_controller.store.link import RedisLink
-from tests.support.infra import fresh_postgres_database, unique_prefix
+from tests.support.infra import fresh_postgres_database, unique_prefix, worker_free_ports
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest-xdist worker hands out free ports from its own slice of the range, and
+    so do the processes its tests start (they inherit the variable): one worker's "nothing
+    listens here" port, or a port its server has not bound yet, is never another's."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    span = free_port_range()
+    if worker is None or span is None:
+        return
+    workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ[FREE_PORTS_ENV] = worker_free_ports(worker, workers, span)
 
 
 @pytest.fixture(scope="session")

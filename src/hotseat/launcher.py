@@ -42,6 +42,11 @@ EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_PORT = 10_000
 """The lowest port :func:`free_port` hands out below the kernel's ephemeral range."""
 
+FREE_PORTS_ENV = "HOTSEAT_FREE_PORTS"
+"""``LOW-HIGH``: the ports :func:`free_port` hands out, in place of its default range.
+Processes that pick ports side by side (test workers, several ``hotseat up``) each get
+their own range, since none knows what the others handed out."""
+
 
 def ephemeral_ports() -> tuple[int, int] | None:
     """The range the kernel takes outgoing connections' source ports from (Linux), or
@@ -53,6 +58,34 @@ def ephemeral_ports() -> tuple[int, int] | None:
         return None
 
 
+def parse_port_range(text: str) -> tuple[int, int]:
+    """``"LOW-HIGH"`` as two ports, both included; :class:`LaunchError` says what is wrong."""
+    low, dash, high = text.strip().partition("-")
+    try:
+        first, last = int(low), int(high)
+    except ValueError:
+        first = last = 0
+    if not dash or not 1024 <= first <= last <= 65535:
+        raise LaunchError(
+            f"{FREE_PORTS_ENV} must be LOW-HIGH, two ports from 1024 to 65535 with LOW <= "
+            f"HIGH (for example 20000-20999), not {text!r}"
+        )
+    return first, last
+
+
+def free_port_range() -> tuple[int, int] | None:
+    """The ports :func:`free_port` hands out, both included: ``HOTSEAT_FREE_PORTS`` when
+    set, else from :data:`LOWEST_PORT` to just below the kernel's ephemeral range;
+    ``None`` (the kernel's choice) where that range is unknown or starts too low."""
+    given = os.environ.get(FREE_PORTS_ENV, "")
+    if given.strip():
+        return parse_port_range(given)
+    ephemeral = ephemeral_ports()
+    if ephemeral is None or ephemeral[0] - 1 <= LOWEST_PORT:
+        return None
+    return LOWEST_PORT, ephemeral[0] - 1
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now and that this process did not hand out lately.
 
@@ -62,22 +95,42 @@ def free_port(host: str = "127.0.0.1") -> int:
     starts next) could be given one port. It is taken below the kernel's ephemeral range
     where that range is known: a port from it (what binding port 0 gives) can meanwhile
     become the source port of any outgoing connection on the machine, and the server
-    then fails to bind it ("address already in use")."""
-    ephemeral = ephemeral_ports()
-    below = ephemeral[0] - 1 if ephemeral is not None else 0
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            if below > LOWEST_PORT:
-                try:
-                    sock.bind((host, random.randint(LOWEST_PORT, below)))  # noqa: S311
-                except OSError:
-                    continue  # in use (or lingering): another
-            else:
+    then fails to bind it ("address already in use"). ``HOTSEAT_FREE_PORTS`` moves the
+    range (:func:`free_port_range`); :class:`LaunchError` when it has no port left."""
+    span = free_port_range()
+    if span is None:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 sock.bind((host, 0))
-            port = int(sock.getsockname()[1])
-        if port not in _RECENT_PORTS:
-            _RECENT_PORTS.append(port)
-            return port
+                port = int(sock.getsockname()[1])
+            if port not in _RECENT_PORTS:
+                _RECENT_PORTS.append(port)
+                return port
+    for port in _candidate_ports(*span):
+        if port in _RECENT_PORTS:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue  # in use (or lingering): another
+        _RECENT_PORTS.append(port)
+        return port
+    raise LaunchError(
+        f"no free port left in {span[0]}-{span[1]} ({FREE_PORTS_ENV}): every one is in use "
+        "or was handed out lately"
+    )
+
+
+def _candidate_ports(low: int, high: int) -> Iterator[int]:
+    """Random ports of ``low..high`` first, then every one of them once: a range that
+    is nearly all taken is searched to the end, never given up on by chance."""
+    for _ in range(64):
+        yield random.randint(low, high)  # noqa: S311
+    size = high - low + 1
+    start = random.randrange(size)  # noqa: S311
+    for step in range(size):
+        yield low + (start + step) % size
 
 
 def find_binary(name: str) -> str:

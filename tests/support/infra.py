@@ -34,3 +34,12 @@ def fresh_postgres_database() -> Iterator[str]:
 def unique_prefix() -> str:
     """A subject/key/stream prefix no other test uses."""
     return "t" + uuid.uuid4().hex[:12]
+
+
+def worker_free_ports(worker: str, workers: int, span: tuple[int, int]) -> str:
+    """Test worker ``worker``'s share of ``span`` (``gw0`` the first of ``workers`` equal
+    slices), as a ``HOTSEAT_FREE_PORTS`` value."""
+    index = int(worker.removeprefix("gw"))
+    size = (span[1] - span[0] + 1) // workers
+    first = span[0] + index * size
+    return f"{first}-{first + size - 1}"

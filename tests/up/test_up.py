@@ -16,7 +16,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hotseat.launcher import Managed, find_binary, free_port, nats_reachable, redis_reachable
+from hotseat.launcher import (
+    FREE_PORTS_ENV,
+    Managed,
+    find_binary,
+    free_port,
+    nats_reachable,
+    redis_reachable,
+)
 from hotseat.up import STOP_BUDGET_S, installed
 from tests.up.harness import READY, Up, descendants, gone, run_json, write_config
 
@@ -322,3 +329,21 @@ def test_up_rejects_an_invalid_config(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "rules[0].route.poolActivation" in done.stdout
     assert "hotseat up: stopping" not in done.stdout
+
+
+def test_a_bad_free_port_range_stops_up_with_what_is_expected(tmp_path: Path, prefix: str) -> None:
+    """``HOTSEAT_FREE_PORTS`` that is not a range of ports stops up before it starts
+    anything, saying what the variable must hold."""
+    config = write_config(tmp_path / "hotseat.yaml", sim_ports())
+    argv = [find_binary("hotseat"), "up", "--config", str(config), "--port", "0",
+            "--controller-port", "0", "--audit-port", "0"]  # fmt: skip
+    up = Up.start(argv, {**own_names(prefix), FREE_PORTS_ENV: "9000-8000"})
+    try:
+        code = up.popen.wait(60)
+        up.wait_for(lambda line: "stopped in" in line, timeout=10)
+    finally:
+        up.kill_tree()
+    assert code == 1, up.output
+    assert f"failed to start: {FREE_PORTS_ENV} must be LOW-HIGH" in up.output
+    assert "'9000-8000'" in up.output
+    assert not up.parts(), up.output
