@@ -290,6 +290,18 @@ def _runs(pid: int, binary: bytes) -> bool:
         return False
 
 
+def run_to_exit(argv: list[str], env: dict[str, str]) -> tuple[int, Up]:
+    """Run an up that is expected to give up by itself: its exit code, and its output
+    up to its last line ("stopped in ...")."""
+    up = Up.start(argv, env)
+    try:
+        code = up.popen.wait(60)
+        up.wait_for(lambda line: "stopped in" in line, timeout=10)
+    finally:
+        up.kill_tree()
+    return code, up
+
+
 def test_a_services_port_in_use_stops_up_before_it_starts_anything(
     tmp_path: Path, prefix: str
 ) -> None:
@@ -303,12 +315,7 @@ def test_a_services_port_in_use_stops_up_before_it_starts_anything(
         port = held.getsockname()[1]
         argv = [find_binary("hotseat"), "up", "--config", str(config), "--port", str(free_port()),
                 "--controller-port", str(port), "--audit-port", "0"]  # fmt: skip
-        up = Up.start(argv, own_names(prefix))
-        try:
-            code = up.popen.wait(60)
-            up.wait_for(lambda line: "stopped in" in line, timeout=10)
-        finally:
-            up.kill_tree()
+        code, up = run_to_exit(argv, own_names(prefix))
     assert code == 1, up.output
     assert f"port {port} for the controller is already in use" in up.output
     assert "--controller-port" in up.output
@@ -337,12 +344,7 @@ def test_a_bad_free_port_range_stops_up_with_what_is_expected(tmp_path: Path, pr
     config = write_config(tmp_path / "hotseat.yaml", sim_ports())
     argv = [find_binary("hotseat"), "up", "--config", str(config), "--port", "0",
             "--controller-port", "0", "--audit-port", "0"]  # fmt: skip
-    up = Up.start(argv, {**own_names(prefix), FREE_PORTS_ENV: "9000-8000"})
-    try:
-        code = up.popen.wait(60)
-        up.wait_for(lambda line: "stopped in" in line, timeout=10)
-    finally:
-        up.kill_tree()
+    code, up = run_to_exit(argv, {**own_names(prefix), FREE_PORTS_ENV: "9000-8000"})
     assert code == 1, up.output
     assert f"failed to start: {FREE_PORTS_ENV} must be LOW-HIGH" in up.output
     assert "'9000-8000'" in up.output
