@@ -3,6 +3,7 @@ processes that pick ports side by side each take them from a range of their own.
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -16,6 +17,8 @@ from hotseat.launcher import (
     free_port_range,
 )
 from tests.support.infra import worker_free_ports
+
+_RUNS = itertools.count()
 
 
 def test_free_port_does_not_hand_out_a_port_twice() -> None:
@@ -33,7 +36,11 @@ def test_free_ports_come_from_the_range_the_environment_names(
     was not handed out lately is an error, not an endless search."""
     span = free_port_range()
     assert span is not None, "this test needs the kernel's ephemeral range (Linux)"
-    first, last = span[1] - 63, span[1]  # the end of this process's own range
+    # 64 ports of this process's own range that no earlier run of this test handed out
+    # (it remembers them): the next window down from the top at each run.
+    last = span[1] - 64 * next(_RUNS)
+    first = last - 63
+    assert first >= span[0], "more runs than windows in this process's range"
     monkeypatch.setenv(FREE_PORTS_ENV, f"{first}-{last}")
     got: list[int] = []
     refused: LaunchError | None = None
