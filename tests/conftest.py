@@ -25,8 +25,10 @@ def pytest_configure(config: pytest.Config) -> None:
     so do the processes its tests start (they inherit the variable): one worker's "nothing
     listens here" port, or a port its server has not bound yet, is never another's."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
     span = free_port_range()
-    if worker is None or span is None:
+    if span is None:
         return
     workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
     os.environ[FREE_PORTS_ENV] = worker_free_ports(worker, workers, span)
