@@ -21,6 +21,8 @@ from nats.aio.client import Client as NatsClient
 import hotseat_router
 from hotseat.launcher import Managed, free_port
 from hotseat_common.config import HotseatConfig, parse_config
+from hotseat_common.service import uvicorn_options
+from hotseat_common.settings import ServiceSettings
 from hotseat_router.app import ActivationFactory, RouterApp, create_app
 from hotseat_router.connection import LimitedHttpProtocol
 from hotseat_router.settings import RouterSettings, connection_limits
@@ -70,22 +72,12 @@ def settings_for(default_nats: str, prefix: str, **overrides: Any) -> RouterSett
 
 
 async def serve(
-    app: Any, port: int, *, http: Any, lifespan: str
+    app: Any, settings: ServiceSettings, *, http: Any, lifespan: str
 ) -> tuple[uvicorn.Server, asyncio.Task[None]]:
-    """Serve ``app`` with uvicorn in this event loop; returns once it listens."""
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=port,
-            http=http,
-            ws="none",
-            lifespan=lifespan,
-            log_config=None,
-            access_log=False,
-            timeout_graceful_shutdown=5,
-        )
-    )
+    """Serve ``app`` with uvicorn in this event loop, configured as a service's process
+    does (:func:`~hotseat_common.service.uvicorn_options`); returns once it listens."""
+    options = {**uvicorn_options(settings, http=http), "host": "127.0.0.1", "lifespan": lifespan}
+    server = uvicorn.Server(uvicorn.Config(app, **options))
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
@@ -149,7 +141,7 @@ async def start_router(
         app = create_app(settings, parsed, **kwargs)
         server, task = await serve(
             app,
-            settings.port,
+            settings,
             http=http or partial(LimitedHttpProtocol, limits=connection_limits(settings)),
             lifespan="on",
         )

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from hotseat.launcher import free_port
+from hotseat_common.settings import ServiceSettings
 from hotseat_router.asgi import CLIENT_LEFT, Receive, Scope, Send
 from hotseat_router.connection import ConnectionLimits, LimitedHttpProtocol
 from tests.router.conftest import router_tasks, serve
@@ -151,7 +152,10 @@ async def scripted() -> AsyncIterator[tuple[Script, str, int]]:
         write_timeout=30,
     )
     server, task = await serve(
-        scripted_app(script), port, http=partial(LimitedHttpProtocol, limits=limits), lifespan="off"
+        scripted_app(script),
+        ServiceSettings(port=port, shutdown_grace=5),
+        http=partial(LimitedHttpProtocol, limits=limits),
+        lifespan="off",
     )
     yield script, "127.0.0.1", port
     server.should_exit = True

@@ -1,7 +1,8 @@
 """Passive health that one client cannot trip alone: a backend answering one client's
 requests with 5xx, or timing out on them, stays in rotation for every client; failures
 from several clients quarantine it; a 4xx passed through never counts; a backend that
-cannot be connected to at all is quarantined after a few requests of any one client."""
+cannot be connected to at all is quarantined after a few requests of any one client; a
+client is not many because it says so in X-Forwarded-For."""
 
 from __future__ import annotations
 
@@ -84,3 +85,38 @@ async def test_an_unreachable_backend_is_quarantined_after_a_few_requests(
             assert response.headers["x-hotseat-backend"] == "b"
         metrics = (await client.get(router.url + "/metrics")).text
     assert attempts(metrics, "a", "connect") == THRESHOLDS["health_failures"]
+
+
+async def test_a_forwarded_for_header_does_not_make_one_client_many(
+    upstream, start_router, client
+) -> None:
+    """With no API keys a client is told apart by its address. X-Forwarded-For is a
+    header any client can write: unless a proxy the operator trusts sent it
+    (``--forwarded-allow-ips``), one client naming itself differently on every request is
+    still one client, and its failures never take backend a away from the others."""
+    a, b = await upstream("a"), await upstream("b")
+    router = await start_router(config(a.url, b.url), **THRESHOLDS)
+    url = router.url + CHAT
+    a.mode, a.status = "status", 500
+    for n in range(1, 7):
+        forwarded = {"x-forwarded-for": f"203.0.113.{n}"}
+        response = await client.post(url, json=BODY, headers=forwarded)
+        assert response.headers["x-hotseat-backend"] == "b", response.text
+        assert len(a.requests) == n, "one client passed for several and quarantined a"
+
+
+async def test_a_trusted_proxy_names_the_client(upstream, start_router, client) -> None:
+    """Behind a proxy the operator trusts (here this host, ``--forwarded-allow-ips``),
+    X-Forwarded-For names the client: the failures of two clients it names quarantine
+    backend a, and the next request goes straight to b."""
+    a, b = await upstream("a"), await upstream("b")
+    router = await start_router(config(a.url, b.url), forwarded_allow_ips="127.0.0.1", **THRESHOLDS)
+    url = router.url + CHAT
+    a.mode, a.status = "status", 500
+    for n, named in enumerate(["203.0.113.1"] * 3 + ["203.0.113.2"], start=1):
+        response = await client.post(url, json=BODY, headers={"x-forwarded-for": named})
+        assert response.headers["x-hotseat-backend"] == "b", response.text
+        assert len(a.requests) == n
+    response = await client.post(url, json=BODY, headers={"x-forwarded-for": "203.0.113.1"})
+    assert response.headers["x-hotseat-backend"] == "b"
+    assert len(a.requests) == 4, "the failures of two clients the proxy named did not count"

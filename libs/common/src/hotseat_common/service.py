@@ -108,21 +108,14 @@ def exposition_registry(registry: CollectorRegistry) -> CollectorRegistry:
     return merged
 
 
-def run_app(
-    app: FastAPI | str,
+def uvicorn_options(
     settings: ServiceSettings,
     *,
-    workers: int = 1,
-    factory: bool = False,
     http: str | Callable[..., asyncio.Protocol] = "httptools",
-) -> None:
-    """Serve ``app`` until SIGINT/SIGTERM; in-flight requests get ``shutdown_grace`` seconds.
-
-    With ``workers > 1`` the app must be an import string (each worker imports it and reads
-    its settings from the environment). ``http`` is uvicorn's HTTP protocol: its name, or
-    a factory of connection protocols (which must pickle, for workers).
-    """
-    options: dict[str, Any] = {
+    factory: bool = False,
+) -> dict[str, Any]:
+    """uvicorn's configuration of a Hotseat service (but the app and its workers)."""
+    return {
         "host": settings.host,
         "port": settings.port,
         "loop": "uvloop",
@@ -138,8 +131,30 @@ def run_app(
         "timeout_keep_alive": 30,
         # No answer names the server software it runs on (uvicorn's "server: uvicorn").
         "server_header": False,
+        # X-Forwarded-For names the client only when a proxy the operator trusts sent it
+        # (uvicorn's default trusts any connection from this host): the router tells
+        # clients apart by address, and one client must not pass for many.
+        "proxy_headers": settings.forwarded_allow_ips is not None,
+        "forwarded_allow_ips": settings.forwarded_allow_ips,
         "factory": factory,
     }
+
+
+def run_app(
+    app: FastAPI | str,
+    settings: ServiceSettings,
+    *,
+    workers: int = 1,
+    factory: bool = False,
+    http: str | Callable[..., asyncio.Protocol] = "httptools",
+) -> None:
+    """Serve ``app`` until SIGINT/SIGTERM; in-flight requests get ``shutdown_grace`` seconds.
+
+    With ``workers > 1`` the app must be an import string (each worker imports it and reads
+    its settings from the environment). ``http`` is uvicorn's HTTP protocol: its name, or
+    a factory of connection protocols (which must pickle, for workers).
+    """
+    options = uvicorn_options(settings, http=http, factory=factory)
     if workers > 1:
         # A worker answers its supervisor's health pings only once it has imported the
         # app: on a loaded host that takes more than uvicorn's default 5 s, and the

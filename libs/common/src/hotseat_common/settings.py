@@ -46,6 +46,12 @@ class ServiceSettings(BaseSettings):
     instance: str | None = Field(
         default=None, description="Name of this replica in logs, metrics and audit events"
     )
+    forwarded_allow_ips: str | None = Field(
+        default=None,
+        description="Proxies trusted to name the client (X-Forwarded-For, X-Forwarded-Proto):"
+        " addresses or networks, comma-separated, or * for any; unset: those headers are"
+        " ignored and the client is the connection's peer",
+    )
     otlp_endpoint: str | None = Field(
         default=None,
         description="OTLP/HTTP endpoint to export traces to (e.g. http://127.0.0.1:4318;"
