@@ -1,13 +1,17 @@
 """Limits on what one client can make the router hold, over raw sockets against a router
 process with small limits (tests/security/conftest.py: LIMITS): headers by bytes and by
-count (431), time to send the headers and the body (408), open connections (503 +
-Retry-After) and request body bytes buffered at once (503 + Retry-After). Every answer
+count (431), time to send the headers and the body (408), open connections (the
+longest idle one closed to make room, else 503 + Retry-After) and request body bytes
+buffered at once (503 + Retry-After). Every answer
 has the OpenAI error body and an x-hotseat-request-id, and nothing reaches an upstream."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
 
 from tests.security.conftest import CLIENT_KEY, LIMITS, SecureRouter
 from tests.security.rawhttp import answer_of, connect, head, header, status_of
@@ -122,41 +126,92 @@ async def test_a_body_shorter_than_its_length_gets_408(limited_router: SecureRou
     assert limited_router.echo.requests == []
 
 
-async def test_connections_past_the_limit_get_503_with_retry_after(
+PING = head(["GET /healthz HTTP/1.1", "host: x"])
+
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+@pytest.fixture
+async def sockets(
     limited_router: SecureRouter,
-) -> None:
-    """With max_connections open (kept alive after a request each), the next connection's
-    request gets 503 with Retry-After and the OpenAI error body, and is closed; once an
-    open connection closes, a new one is served."""
-    opened: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-    refused: bytes | None = None
-    ping = head(["GET /healthz HTTP/1.1", "host: x"])
-    for _ in range(MAX_CONNECTIONS + 2):
+) -> AsyncIterator[Callable[[], Awaitable[Connection]]]:
+    """Connections to the limited router, all closed when the test ends (failed too)."""
+    opened: list[asyncio.StreamWriter] = []
+
+    async def open_one() -> Connection:
         reader, writer = await connect(limited_router.url)
-        writer.write(ping)
-        status, answer = await status_of(reader)
-        if status == 503:
-            refused = answer
-            writer.close()
-            break
-        assert status == 200, answer
-        await reader.readexactly(int(header(answer, b"content-length") or 0))
-        opened.append((reader, writer))
-    assert refused is not None, f"{len(opened)} connections open, none refused"
-    assert len(opened) <= MAX_CONNECTIONS
+        opened.append(writer)
+        return reader, writer
+
+    yield open_one
+    for writer in opened:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+async def pinged(connection: Connection) -> int:
+    """The status of a ``GET /healthz`` on this connection (kept alive after it)."""
+    reader, writer = connection
+    writer.write(PING)
+    status, answer = await status_of(reader)
+    await reader.readexactly(int(header(answer, b"content-length") or 0))
+    return status
+
+
+async def test_connections_past_the_limit_get_503_with_retry_after(
+    limited_router: SecureRouter, sockets: Callable[[], Awaitable[Connection]]
+) -> None:
+    """With max_connections open, each with a request in progress (its upstream not
+    answering), the next connection's request gets 503 with Retry-After and the OpenAI
+    error body, and is closed; once the open ones close, a new one is served."""
+    limited_router.echo.mode = "hang"
+    body = padded(100)
+    busy: list[asyncio.StreamWriter] = []
+
+    async def upstream_has_all() -> bool:
+        return len(limited_router.echo.requests) == len(busy)
+
+    for _ in range(MAX_CONNECTIONS):
+        _, writer = await sockets()
+        writer.write(head(request_lines(length=len(body))) + body)
+        busy.append(writer)
+        await eventually(upstream_has_all)
+    reader, writer = await sockets()
+    writer.write(PING)
+    refused = await assert_refused(reader, 503, "too_many_connections")
     assert header(refused, b"retry-after") == b"1"
-    assert header(refused, b"x-hotseat-request-id")
-    for _, writer in opened:
+    for writer in busy:
         writer.close()
 
     async def served() -> bool:
-        reader, writer = await connect(limited_router.url)
-        writer.write(ping)
+        reader, writer = await sockets()
+        writer.write(PING)
         status, _ = await status_of(reader)
         writer.close()
         return status == 200
 
     await eventually(served)
+
+
+async def test_idle_connections_make_room_for_a_new_one(
+    sockets: Callable[[], Awaitable[Connection]],
+) -> None:
+    """One client holding every slot with kept-alive connections it does not use
+    locks nobody out: with max_connections open and idle, a new connection is served,
+    and the one that waited longest for its next request is closed by the router to make
+    room (as HTTP allows of an idle connection); the others stay open and usable."""
+    idle = [await sockets() for _ in range(MAX_CONNECTIONS)]
+    for connection in idle:
+        assert await pinged(connection) == 200
+    first, longest_idle = idle[0], idle[1]
+    assert await pinged(first) == 200  # used again: the second has now waited longest
+    newcomer = await sockets()
+    assert await pinged(newcomer) == 200
+    closed = await asyncio.wait_for(longest_idle[0].read(), 30)
+    assert closed == b"", "the connection idle the longest was not closed"
+    for connection in [first, newcomer, *idle[2:]]:
+        assert await pinged(connection) == 200
 
 
 async def test_bodies_past_the_body_budget_get_503_with_retry_after(

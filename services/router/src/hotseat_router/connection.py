@@ -7,7 +7,11 @@ client may make the router hold before a request reaches the app.
 - A head not complete ``header_timeout`` seconds after the connection opened (or, on a
   kept-alive connection, after the request's first byte) is answered 408 and closed.
 - A connection that would make more than ``max_connections`` open at once in this
-  process has its request answered 503 with ``Retry-After`` and is closed.
+  process makes room by closing the connection that has waited longest, kept alive, for
+  its next request (:class:`_IdleConnections`); when every open connection has a request
+  in progress (or has not finished its first one), its request is answered 503 with
+  ``Retry-After`` and it is closed. So one client cannot hold every slot with idle
+  kept-alive connections: an idle one is the first to go, as HTTP allows at any time.
 - A request the parser cannot read gets 400 with the OpenAI error body.
 - An ``Upgrade`` request (WebSocket, h2c) is served as plain HTTP/1.1: the router
   upgrades to nothing.
@@ -185,6 +189,41 @@ class _ClientLeft:
             callback()
 
 
+class _IdleConnections:
+    """The connections of one server that wait, kept alive after a response, for their
+    next request, the longest waiting first. One per server (:func:`_idle_of`)."""
+
+    __slots__ = ("_waiting",)
+
+    def __init__(self) -> None:
+        self._waiting: dict[LimitedHttpProtocol, None] = {}
+
+    def add(self, connection: LimitedHttpProtocol) -> None:
+        self._waiting.pop(connection, None)
+        self._waiting[connection] = None
+
+    def discard(self, connection: LimitedHttpProtocol) -> None:
+        self._waiting.pop(connection, None)
+
+    def take_longest_waiting(self) -> LimitedHttpProtocol | None:
+        for connection in self._waiting:
+            del self._waiting[connection]
+            return connection
+        return None
+
+
+_IDLE = "hotseat_idle_connections"
+
+
+def _idle_of(state: ServerState) -> _IdleConnections:
+    """The idle connections of the server whose shared state is ``state``."""
+    idle: _IdleConnections | None = getattr(state, _IDLE, None)
+    if idle is None:
+        idle = _IdleConnections()
+        setattr(state, _IDLE, idle)
+    return idle
+
+
 class _HeadRefused(Exception):
     """Raised from a parser callback to stop parsing a head that passed a limit."""
 
@@ -239,16 +278,23 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._client_left = left = _ClientLeft()
         self._hook: dict[object, object] = {"watch": left.watch, "unwatch": left.unwatch}
         self._extensions = {CLIENT_LEFT: self._hook}
+        self._idle = _idle_of(server_state)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.transport = _Coalescing(transport, self.loop)  # type: ignore[assignment]
         if len(self.connections) > self._limits.max_connections:
-            log.debug("connection_refused", reason="too_many_connections")
-            self.app = _too_many_connections
+            idle = self._idle.take_longest_waiting()
+            if idle is not None:
+                log.debug("connection_closed", reason="idle_making_room")
+                idle.transport.close()
+            else:
+                log.debug("connection_refused", reason="too_many_connections")
+                self.app = _too_many_connections
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._idle.discard(self)
         self._disarm_head_timer()
         self._disarm_write_timer()
         if self._linger_timer is not None:
@@ -283,6 +329,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self.lingering:
             return  # the connection is closing: no next request on it
         super().on_response_complete()
+        if self.timeout_keep_alive_task is not None and not self.transport.is_closing():
+            self._idle.add(self)  # kept alive, no pipelined request: waits for the next
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -335,6 +383,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     # parser callbacks
 
     def on_message_begin(self) -> None:
+        self._idle.discard(self)
         super().on_message_begin()
         extensions = self.scope.get("extensions")
         if extensions is None:
