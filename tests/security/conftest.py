@@ -60,9 +60,10 @@ def router_config(echo: FakeUpstream, cloud: FakeUpstream) -> dict[str, object]:
     }
 
 
-async def _secure_router(
+async def secure_router_with(
     tmp_path: Path, prefix: str, nats_server: Managed, extra_env: dict[str, str]
 ) -> AsyncIterator[SecureRouter]:
+    """The secure router process with ``extra_env`` (its limits) added to its settings."""
     echo, cloud = FakeUpstream("echo", mode="echo"), FakeUpstream("cloud", mode="echo")
     await echo.start()
     await cloud.start()
@@ -93,7 +94,7 @@ async def _secure_router(
 async def secure_router(
     tmp_path: Path, prefix: str, nats_server: Managed
 ) -> AsyncIterator[SecureRouter]:
-    async for router in _secure_router(tmp_path, prefix, nats_server, {}):
+    async for router in secure_router_with(tmp_path, prefix, nats_server, {}):
         yield router
 
 
@@ -113,7 +114,7 @@ async def limited_router(
     tmp_path: Path, prefix: str, nats_server: Managed
 ) -> AsyncIterator[SecureRouter]:
     """The secure router (maxBodyBytes 4096) with the small :data:`LIMITS`."""
-    async for router in _secure_router(tmp_path, prefix, nats_server, LIMITS):
+    async for router in secure_router_with(tmp_path, prefix, nats_server, LIMITS):
         yield router
 
 

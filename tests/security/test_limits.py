@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
-from tests.security.conftest import CLIENT_KEY, LIMITS, SecureRouter
+from hotseat.launcher import Managed
+from tests.security.conftest import CLIENT_KEY, LIMITS, SecureRouter, secure_router_with
 from tests.security.rawhttp import answer_of, connect, head, header, status_of
 from tests.support.waiting import eventually
 
@@ -132,14 +134,12 @@ Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 @pytest.fixture
-async def sockets(
-    limited_router: SecureRouter,
-) -> AsyncIterator[Callable[[], Awaitable[Connection]]]:
-    """Connections to the limited router, all closed when the test ends (failed too)."""
+async def sockets() -> AsyncIterator[Callable[[str], Awaitable[Connection]]]:
+    """Connections opened by raw socket, all closed when the test ends (failed too)."""
     opened: list[asyncio.StreamWriter] = []
 
-    async def open_one() -> Connection:
-        reader, writer = await connect(limited_router.url)
+    async def open_one(url: str) -> Connection:
+        reader, writer = await connect(url)
         opened.append(writer)
         return reader, writer
 
@@ -148,6 +148,18 @@ async def sockets(
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
+
+
+@pytest.fixture
+async def patient_router(
+    tmp_path: Path, prefix: str, nats_server: Managed
+) -> AsyncIterator[SecureRouter]:
+    """The limited router, but waiting 30 s for a request's headers: a connection that
+    sends nothing stays open as long as a test needs it."""
+    async for router in secure_router_with(
+        tmp_path, prefix, nats_server, {**LIMITS, "HOTSEAT_HEADER_TIMEOUT": "30"}
+    ):
+        yield router
 
 
 async def pinged(connection: Connection) -> int:
@@ -160,9 +172,9 @@ async def pinged(connection: Connection) -> int:
 
 
 async def test_connections_past_the_limit_get_503_with_retry_after(
-    limited_router: SecureRouter, sockets: Callable[[], Awaitable[Connection]]
+    limited_router: SecureRouter, sockets: Callable[[str], Awaitable[Connection]]
 ) -> None:
-    """With max_connections open, each with a request in progress (its upstream not
+    """With max_connections open, each with a request under way (its upstream not
     answering), the next connection's request gets 503 with Retry-After and the OpenAI
     error body, and is closed; once the open ones close, a new one is served."""
     limited_router.echo.mode = "hang"
@@ -173,11 +185,11 @@ async def test_connections_past_the_limit_get_503_with_retry_after(
         return len(limited_router.echo.requests) == len(busy)
 
     for _ in range(MAX_CONNECTIONS):
-        _, writer = await sockets()
+        _, writer = await sockets(limited_router.url)
         writer.write(head(request_lines(length=len(body))) + body)
         busy.append(writer)
         await eventually(upstream_has_all)
-    reader, writer = await sockets()
+    reader, writer = await sockets(limited_router.url)
     writer.write(PING)
     refused = await assert_refused(reader, 503, "too_many_connections")
     assert header(refused, b"retry-after") == b"1"
@@ -185,7 +197,7 @@ async def test_connections_past_the_limit_get_503_with_retry_after(
         writer.close()
 
     async def served() -> bool:
-        reader, writer = await sockets()
+        reader, writer = await sockets(limited_router.url)
         writer.write(PING)
         status, _ = await status_of(reader)
         writer.close()
@@ -194,23 +206,28 @@ async def test_connections_past_the_limit_get_503_with_retry_after(
     await eventually(served)
 
 
-async def test_idle_connections_make_room_for_a_new_one(
-    sockets: Callable[[], Awaitable[Connection]],
+async def test_idle_connections_make_room_for_new_ones(
+    patient_router: SecureRouter, sockets: Callable[[str], Awaitable[Connection]]
 ) -> None:
-    """One client holding every slot with kept-alive connections it does not use
-    locks nobody out: with max_connections open and idle, a new connection is served,
-    and the one that waited longest for its next request is closed by the router to make
-    room (as HTTP allows of an idle connection); the others stay open and usable."""
-    idle = [await sockets() for _ in range(MAX_CONNECTIONS)]
-    for connection in idle:
+    """One client holding every slot with connections it does not use locks nobody out:
+    with max_connections open, one silent since it opened and the others kept alive
+    after a request, each new connection is served, and the router closes the connection
+    that has waited longest for a request's first byte to make room (as HTTP allows of an
+    idle connection): the silent one first, then the one kept alive the longest. The
+    others stay open and usable."""
+    url = patient_router.url
+    silent = await sockets(url)
+    kept = [await sockets(url) for _ in range(MAX_CONNECTIONS - 1)]
+    for connection in kept:
         assert await pinged(connection) == 200
-    first, longest_idle = idle[0], idle[1]
-    assert await pinged(first) == 200  # used again: the second has now waited longest
-    newcomer = await sockets()
-    assert await pinged(newcomer) == 200
-    closed = await asyncio.wait_for(longest_idle[0].read(), 30)
-    assert closed == b"", "the connection idle the longest was not closed"
-    for connection in [first, newcomer, *idle[2:]]:
+    assert await pinged(kept[0]) == 200  # used again: kept[1] has now waited longest
+    for longest_waiting in (silent, kept[1]):
+        newcomer = await sockets(url)
+        assert await pinged(newcomer) == 200
+        closed = await asyncio.wait_for(longest_waiting[0].read(), 30)
+        assert closed == b"", "the connection idle the longest was not closed"
+        kept.append(newcomer)
+    for connection in [kept[0], *kept[2:]]:
         assert await pinged(connection) == 200
 
 

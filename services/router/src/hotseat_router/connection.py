@@ -7,11 +7,12 @@ client may make the router hold before a request reaches the app.
 - A head not complete ``header_timeout`` seconds after the connection opened (or, on a
   kept-alive connection, after the request's first byte) is answered 408 and closed.
 - A connection that would make more than ``max_connections`` open at once in this
-  process makes room by closing the connection that has waited longest, kept alive, for
-  its next request (:class:`_IdleConnections`); when every open connection has a request
-  in progress (or has not finished its first one), its request is answered 503 with
-  ``Retry-After`` and it is closed. So one client cannot hold every slot with idle
-  kept-alive connections: an idle one is the first to go, as HTTP allows at any time.
+  process makes room by closing the connection that has waited longest for a request's
+  first byte: one kept alive after a response, or one that has sent nothing since it
+  opened (:class:`_IdleConnections`). When every open connection has a request under
+  way, the new one's request is answered 503 with ``Retry-After`` and it is closed. So
+  one client cannot hold every slot with connections it does not use: an idle one is
+  the first to go, as HTTP allows of an idle connection at any time.
 - A request the parser cannot read gets 400 with the OpenAI error body.
 - An ``Upgrade`` request (WebSocket, h2c) is served as plain HTTP/1.1: the router
   upgrades to nothing.
@@ -190,8 +191,9 @@ class _ClientLeft:
 
 
 class _IdleConnections:
-    """The connections of one server that wait, kept alive after a response, for their
-    next request, the longest waiting first. One per server (:func:`_idle_of`)."""
+    """The connections of one server that wait for a request's first byte (new ones, and
+    ones kept alive after a response), the longest waiting first. One per server
+    (:func:`_idle_of`)."""
 
     __slots__ = ("_waiting",)
 
@@ -283,15 +285,22 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.transport = _Coalescing(transport, self.loop)  # type: ignore[assignment]
-        if len(self.connections) > self._limits.max_connections:
-            idle = self._idle.take_longest_waiting()
-            if idle is not None:
-                log.debug("connection_closed", reason="idle_making_room")
-                idle.transport.close()
-            else:
-                log.debug("connection_refused", reason="too_many_connections")
-                self.app = _too_many_connections
+        if len(self.connections) > self._limits.max_connections and not self._make_room():
+            log.debug("connection_refused", reason="too_many_connections")
+            self.app = _too_many_connections
+        else:
+            self._idle.add(self)  # waits for its first request
         self._arm_head_timer()
+
+    def _make_room(self) -> bool:
+        """Close the connection that has waited longest for a request; False when every
+        open connection has one under way."""
+        idle = self._idle.take_longest_waiting()
+        if idle is None:
+            return False
+        log.debug("connection_closed", reason="idle_making_room")
+        idle.transport.close()
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._idle.discard(self)
@@ -330,7 +339,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             return  # the connection is closing: no next request on it
         super().on_response_complete()
         if self.timeout_keep_alive_task is not None and not self.transport.is_closing():
-            self._idle.add(self)  # kept alive, no pipelined request: waits for the next
+            self._idle.add(self)  # kept alive, no pipelined request: waits for the next one
 
     def pause_writing(self) -> None:
         super().pause_writing()
