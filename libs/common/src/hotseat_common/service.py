@@ -114,7 +114,7 @@ def uvicorn_options(
     http: str | Callable[..., asyncio.Protocol] = "httptools",
     factory: bool = False,
 ) -> dict[str, Any]:
-    """uvicorn's configuration of a Hotseat service (but the app and its workers)."""
+    """uvicorn's configuration of a Hotseat service: all of it but the app and its workers."""
     return {
         "host": settings.host,
         "port": settings.port,
