@@ -1,14 +1,18 @@
 """Hostile clients against one router process: what a normal client sees, and what the
-router holds, while 1,000 connections trickle their headers a byte a second and, in a
-second phase, 200 connections at once each send a 30 MiB body.
+router holds, while 1,000 connections trickle their headers a byte a second, then 1,000
+connections are held open and idle, then 200 connections at once each send a 30 MiB
+body.
 
 The router (one worker, default limits, ``maxBodyBytes`` 32 MiB) runs on core 0; the
 fast upstream (``bench/fast_upstream.js``), nats-server and this script (the normal
 client and the attackers, one asyncio loop) run on core 1. The normal client sends one
 ordinary chat request every ``1/--rate`` seconds (open loop, over a pool of kept-alive
-connections opened before any attack) through three phases of ``--phase-seconds``:
-no attack (the baseline), slow headers, large bodies. Printed: the normal client's
-p50/p99 latency and failures per phase, the router's peak RSS (VmRSS sampled every
+connections opened before any attack) through four phases of ``--phase-seconds``:
+no attack (the baseline), slow headers, idle connections, large bodies. A newcomer opens
+a fresh connection every 0.25 s for one ``GET /healthz``: what it gets per phase shows
+whether the attack locks new clients out. Printed: the normal client's
+p50/p99 latency and failures per phase, the newcomers' answers per phase, the router's
+peak RSS (VmRSS sampled every
 20 ms, and the kernel's VmHWM), the configured body budget, the answers the hostile
 connections got (408/431/503, or closed), and whether the peak stayed under the budget
 plus a fixed overhead (the idle footprint and two copies of one ``maxBodyBytes`` body).
@@ -53,6 +57,12 @@ MIB = 1024 * 1024
 MAX_BODY = 32 * MIB
 BIG_BODY = 30 * MIB
 SLOW_CONNECTIONS = 1000
+IDLE_CONNECTIONS = 1000
+NEWCOMER_EVERY_S = 0.25
+ATTACKER = "127.0.0.2"
+"""The attackers' source address: another host to the router (the normal client and the
+newcomers connect from 127.0.0.1), so that it can tell them apart as it would in use."""
+PING = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
 BIG_CONNECTIONS = 200
 BODY_COPIES = 2
 """Copies of one admitted body the router may hold beyond the budget, for one body at a
@@ -149,7 +159,7 @@ async def slow_headers(host: str, port: int, answers: Counter[str], stop: asynci
     then another, until ``stop``."""
     while not stop.is_set():
         try:
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(ATTACKER, 0))
         except OSError:
             answers["connect failed"] += 1
             await asyncio.sleep(1)  # a refused connect is retried a second later
@@ -172,6 +182,72 @@ async def slow_headers(host: str, port: int, answers: Counter[str], stop: asynci
                 await writer.wait_closed()
 
 
+async def answered(reader: asyncio.StreamReader) -> str:
+    """Read one whole answer (its body by its Content-Length); its status."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return head.split(b" ", 2)[1].decode()
+
+
+async def idle_connection(host: str, port: int, answers: Counter[str], stop: asyncio.Event) -> None:
+    """One connection at a time that makes one ``GET /healthz`` and then holds the
+    connection open without a further request (one every 20 s, inside the router's
+    keep-alive timeout), opening another when the router closes it, until ``stop``."""
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(ATTACKER, 0))
+        except OSError:
+            answers["connect failed"] += 1
+            await asyncio.sleep(1)  # a refused connect is retried a second later
+            continue
+        try:
+            while not stop.is_set():
+                writer.write(PING)
+                status = await answered(reader)
+                answers[status] += 1
+                if status != "200":
+                    break  # refused: the router closes the connection
+                closed = asyncio.create_task(reader.read(1))
+                stopping = asyncio.create_task(stop.wait())
+                await asyncio.wait([closed, stopping], timeout=20, return_when="FIRST_COMPLETED")
+                stopping.cancel()
+                if closed.done():
+                    answers["closed by the router"] += 1
+                    break
+                closed.cancel()
+        except (OSError, asyncio.IncompleteReadError):
+            answers["closed by the router"] += 1
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+async def newcomers(host: str, port: int, seen: list[tuple[float, str]]) -> None:
+    """A fresh connection every ``NEWCOMER_EVERY_S`` for one ``GET /healthz``, until
+    cancelled; each (time sent, status or how it ended) goes to ``seen``."""
+    while True:
+        sent = time.time()
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            seen.append((sent, "connect failed"))
+        else:
+            writer.write(PING)
+            answer = asyncio.create_task(reader.readuntil(b"\r\n"))
+            await asyncio.wait([answer], timeout=30)
+            seen.append((sent, outcome(answer)))
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        await asyncio.sleep(NEWCOMER_EVERY_S)
+
+
 async def big_bodies(
     host: str, port: int, body: bytes, answers: Counter[str], stop: asyncio.Event
 ) -> None:
@@ -184,7 +260,7 @@ async def big_bodies(
     view = memoryview(body)
     while not stop.is_set():
         try:
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(ATTACKER, 0))
         except OSError:
             answers["connect failed"] += 1
             await asyncio.sleep(1)  # a refused connect is retried a second later
@@ -230,6 +306,8 @@ async def run(args: argparse.Namespace, router: Managed) -> None:
     await asyncio.to_thread(ready.wait)
     phases = [Phase("no attack")]
     sampler = asyncio.create_task(sample_rss(router.pid, phases))
+    arrivals: list[tuple[float, str]] = []
+    newcomer = asyncio.create_task(newcomers(host, int(port), arrivals))
     await asyncio.sleep(args.phase_seconds)  # the baseline phase runs for this long
 
     slow_answers: Counter[str] = Counter()
@@ -238,6 +316,18 @@ async def run(args: argparse.Namespace, router: Managed) -> None:
     attackers = [
         asyncio.create_task(slow_headers(host, int(port), slow_answers, stop))
         for _ in range(SLOW_CONNECTIONS)
+    ]
+    await asyncio.sleep(args.phase_seconds)  # the attack runs for this long
+    phases[-1].ended = time.time()
+    stop.set()
+    await asyncio.gather(*attackers)
+
+    idle_answers: Counter[str] = Counter()
+    stop = asyncio.Event()
+    phases.append(Phase(f"{IDLE_CONNECTIONS} idle connections"))
+    attackers = [
+        asyncio.create_task(idle_connection(host, int(port), idle_answers, stop))
+        for _ in range(IDLE_CONNECTIONS)
     ]
     await asyncio.sleep(args.phase_seconds)  # the attack runs for this long
     phases[-1].ended = time.time()
@@ -258,6 +348,7 @@ async def run(args: argparse.Namespace, router: Managed) -> None:
     stop.set()
     await asyncio.gather(*attackers)
     stop_client.set()
+    newcomer.cancel()
     samples: list[Sample] = await asyncio.to_thread(receiving.recv)
     client.join(30)
     sampler.cancel()
@@ -280,8 +371,16 @@ async def run(args: argparse.Namespace, router: Managed) -> None:
             f"  {phase.name:<32} {len(lat):>6} {percentile(lat, 50):>8.2f}"
             f" {percentile(lat, 99):>8.2f}  {failed}"
         )
+    print(f"\na new connection every {NEWCOMER_EVERY_S:g} s, GET /healthz, per phase:")
+    for phase in phases:
+        got = Counter(status for sent, status in arrivals if phase.started <= sent < phase.ended)
+        print(f"  {phase.name:<32} " + (", ".join(f"{k} {v}" for k, v in sorted(got.items()))))
     print("\nhostile connections' answers (each connection's first answer line):")
     print("  slow headers: " + ", ".join(f"{k} {v}" for k, v in sorted(slow_answers.items())))
+    print(
+        "  idle (each ping's answer, and closes): "
+        + ", ".join(f"{k} {v}" for k, v in sorted(idle_answers.items()))
+    )
     print("  30 MiB bodies: " + ", ".join(f"{k} {v}" for k, v in sorted(big_answers.items())))
     budget = args.body_budget
     hwm = rss(router.pid, "VmHWM")

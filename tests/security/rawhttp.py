@@ -12,9 +12,14 @@ ANSWER_WAIT_S = 30.0
 hang, not a measured figure)."""
 
 
-async def connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def connect(
+    url: str, *, source: str | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to ``url``, from the loopback address ``source`` when given (another
+    127.x address stands for another client host)."""
     host, port = url.removeprefix("http://").split(":")
-    return await asyncio.open_connection(host, int(port))
+    local = (source, 0) if source is not None else None
+    return await asyncio.open_connection(host, int(port), local_addr=local)
 
 
 def head(lines: list[str]) -> bytes:

@@ -133,13 +133,17 @@ PING = head(["GET /healthz HTTP/1.1", "host: x"])
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
+Opener = Callable[..., Awaitable[Connection]]
+"""``sockets(url, source=None)``: a raw connection, from loopback address ``source``."""
+
+
 @pytest.fixture
-async def sockets() -> AsyncIterator[Callable[[str], Awaitable[Connection]]]:
+async def sockets() -> AsyncIterator[Opener]:
     """Connections opened by raw socket, all closed when the test ends (failed too)."""
     opened: list[asyncio.StreamWriter] = []
 
-    async def open_one(url: str) -> Connection:
-        reader, writer = await connect(url)
+    async def open_one(url: str, source: str | None = None) -> Connection:
+        reader, writer = await connect(url, source=source)
         opened.append(writer)
         return reader, writer
 
@@ -172,7 +176,7 @@ async def pinged(connection: Connection) -> int:
 
 
 async def test_connections_past_the_limit_get_503_with_retry_after(
-    limited_router: SecureRouter, sockets: Callable[[str], Awaitable[Connection]]
+    limited_router: SecureRouter, sockets: Opener
 ) -> None:
     """With max_connections open, each with a request under way (its upstream not
     answering), the next connection's request gets 503 with Retry-After and the OpenAI
@@ -206,29 +210,64 @@ async def test_connections_past_the_limit_get_503_with_retry_after(
     await eventually(served)
 
 
-async def test_idle_connections_make_room_for_new_ones(
-    patient_router: SecureRouter, sockets: Callable[[str], Awaitable[Connection]]
+HOARDER, OTHER, THIRD = "127.0.0.2", "127.0.0.1", "127.0.0.3"
+"""Three client hosts, as loopback addresses."""
+
+
+async def test_one_client_holding_every_slot_gives_way_to_another(
+    patient_router: SecureRouter, sockets: Opener
 ) -> None:
-    """One client holding every slot with connections it does not use locks nobody out:
-    with max_connections open, one silent since it opened and the others kept alive
-    after a request, each new connection is served, and the router closes the connection
-    that has waited longest for a request's first byte to make room (as HTTP allows of an
-    idle connection): the silent one first, then the one kept alive the longest. The
-    others stay open and usable."""
+    """One client holding every slot with connections it does not use (one silent since
+    it opened, the others kept alive after a request) locks nobody else out: a new
+    connection from another client is served, and the holder's connection that has
+    waited longest for a request is closed to make room (as HTTP allows of an idle
+    connection), the silent one first, then the one kept alive the longest. A new
+    connection of the holder's own is refused: it has its share. The holder's other
+    connections stay open and usable."""
     url = patient_router.url
-    silent = await sockets(url)
-    kept = [await sockets(url) for _ in range(MAX_CONNECTIONS - 1)]
+    silent = await sockets(url, HOARDER)
+    kept = [await sockets(url, HOARDER) for _ in range(MAX_CONNECTIONS - 1)]
     for connection in kept:
         assert await pinged(connection) == 200
     assert await pinged(kept[0]) == 200  # used again: kept[1] has now waited longest
+    newcomers = []
     for longest_waiting in (silent, kept[1]):
-        newcomer = await sockets(url)
+        newcomer = await sockets(url, OTHER)
         assert await pinged(newcomer) == 200
         closed = await asyncio.wait_for(longest_waiting[0].read(), 30)
-        assert closed == b"", "the connection idle the longest was not closed"
-        kept.append(newcomer)
-    for connection in [kept[0], *kept[2:]]:
+        assert closed == b"", "the holder's connection idle the longest was not closed"
+        newcomers.append(newcomer)
+    reader, writer = await sockets(url, HOARDER)
+    writer.write(PING)
+    await assert_refused(reader, 503, "too_many_connections")
+    for connection in [kept[0], *kept[2:], *newcomers]:
         assert await pinged(connection) == 200
+
+
+async def test_a_client_trickling_heads_cannot_push_out_an_established_one(
+    patient_router: SecureRouter, sockets: Opener
+) -> None:
+    """One client fills the slots with connections trickling their heads (slowloris),
+    beside another client's kept-alive connection. A new connection of the trickling
+    client is refused and the other client's connection stays open and served; a new
+    connection from a third client is served, and the trickling client's connection
+    that has waited longest is closed to make room."""
+    url = patient_router.url
+    established = await sockets(url, OTHER)
+    assert await pinged(established) == 200
+    trickling = [await sockets(url, HOARDER) for _ in range(MAX_CONNECTIONS - 1)]
+    for _, writer in trickling:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: a")
+        await writer.drain()
+    reader, writer = await sockets(url, HOARDER)
+    writer.write(PING)
+    await assert_refused(reader, 503, "too_many_connections")
+    assert await pinged(established) == 200
+    third = await sockets(url, THIRD)
+    assert await pinged(third) == 200
+    closed = await asyncio.wait_for(trickling[0][0].read(), 30)
+    assert closed == b"", "the trickling client's oldest connection was not closed"
+    assert await pinged(established) == 200
 
 
 async def test_bodies_past_the_body_budget_get_503_with_retry_after(

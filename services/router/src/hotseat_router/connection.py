@@ -7,12 +7,10 @@ client may make the router hold before a request reaches the app.
 - A head not complete ``header_timeout`` seconds after the connection opened (or, on a
   kept-alive connection, after the request's first byte) is answered 408 and closed.
 - A connection that would make more than ``max_connections`` open at once in this
-  process makes room by closing the connection that has waited longest for a request's
-  first byte: one kept alive after a response, or one that has sent nothing since it
-  opened (:class:`_IdleConnections`). When every open connection has a request under
-  way, the new one's request is answered 503 with ``Retry-After`` and it is closed. So
-  one client cannot hold every slot with connections it does not use: an idle one is
-  the first to go, as HTTP allows of an idle connection at any time.
+  process either makes room (the peer holding the most connections closes the one of
+  them that has waited longest for a request's head) or, when its own peer holds as
+  many or the holder has none waiting, has its request answered 503 with
+  ``Retry-After`` and is closed (:mod:`hotseat_router.slots`).
 - A request the parser cannot read gets 400 with the OpenAI error body.
 - An ``Upgrade`` request (WebSocket, h2c) is served as plain HTTP/1.1: the router
   upgrades to nothing.
@@ -62,6 +60,7 @@ from hotseat_router.errors import (
     error_answer,
 )
 from hotseat_router.headers import REQUEST_ID_B, request_id_of
+from hotseat_router.slots import ConnectionSlots
 
 log = get_logger(__name__)
 
@@ -190,40 +189,16 @@ class _ClientLeft:
             callback()
 
 
-class _IdleConnections:
-    """The connections of one server that wait for a request's first byte (new ones, and
-    ones kept alive after a response), the longest waiting first. One per server
-    (:func:`_idle_of`)."""
-
-    __slots__ = ("_waiting",)
-
-    def __init__(self) -> None:
-        self._waiting: dict[LimitedHttpProtocol, None] = {}
-
-    def add(self, connection: LimitedHttpProtocol) -> None:
-        self._waiting.pop(connection, None)
-        self._waiting[connection] = None
-
-    def discard(self, connection: LimitedHttpProtocol) -> None:
-        self._waiting.pop(connection, None)
-
-    def take_longest_waiting(self) -> LimitedHttpProtocol | None:
-        for connection in self._waiting:
-            del self._waiting[connection]
-            return connection
-        return None
+_SLOTS = "hotseat_connection_slots"
 
 
-_IDLE = "hotseat_idle_connections"
-
-
-def _idle_of(state: ServerState) -> _IdleConnections:
-    """The idle connections of the server whose shared state is ``state``."""
-    idle: _IdleConnections | None = getattr(state, _IDLE, None)
-    if idle is None:
-        idle = _IdleConnections()
-        setattr(state, _IDLE, idle)
-    return idle
+def _slots_of(state: ServerState) -> ConnectionSlots[LimitedHttpProtocol]:
+    """The connection slots of the server whose shared state is ``state``."""
+    slots: ConnectionSlots[LimitedHttpProtocol] | None = getattr(state, _SLOTS, None)
+    if slots is None:
+        slots = ConnectionSlots()
+        setattr(state, _SLOTS, slots)
+    return slots
 
 
 class _HeadRefused(Exception):
@@ -280,30 +255,33 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._client_left = left = _ClientLeft()
         self._hook: dict[object, object] = {"watch": left.watch, "unwatch": left.unwatch}
         self._extensions = {CLIENT_LEFT: self._hook}
-        self._idle = _idle_of(server_state)
+        self._slots = _slots_of(server_state)
+        self._peer = ""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.transport = _Coalescing(transport, self.loop)  # type: ignore[assignment]
+        self._peer = self.client[0] if self.client else ""
+        self._slots.opened(self._peer)
         if len(self.connections) > self._limits.max_connections and not self._make_room():
             log.debug("connection_refused", reason="too_many_connections")
             self.app = _too_many_connections
         else:
-            self._idle.add(self)  # waits for its first request
+            self._slots.unclaimed(self, self._peer)  # waits for its first request's head
         self._arm_head_timer()
 
     def _make_room(self) -> bool:
-        """Close the connection that has waited longest for a request; False when every
-        open connection has one under way."""
-        idle = self._idle.take_longest_waiting()
-        if idle is None:
+        """Close the connection that gives way to this one (:mod:`hotseat_router.slots`);
+        False when none does."""
+        other = self._slots.give_way(self._peer)
+        if other is None:
             return False
-        log.debug("connection_closed", reason="idle_making_room")
-        idle.transport.close()
+        log.debug("connection_closed", reason="making_room")
+        other.transport.close()
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._idle.discard(self)
+        self._slots.closed(self, self._peer)
         self._disarm_head_timer()
         self._disarm_write_timer()
         if self._linger_timer is not None:
@@ -327,6 +305,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._linger_timer = self.loop.call_later(LINGER_S, transport.close)
 
     def on_headers_complete(self) -> None:
+        self._slots.claimed(self, self._peer)
         self._in_head = False
         self._disarm_head_timer()
         super().on_headers_complete()
@@ -339,7 +318,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             return  # the connection is closing: no next request on it
         super().on_response_complete()
         if self.timeout_keep_alive_task is not None and not self.transport.is_closing():
-            self._idle.add(self)  # kept alive, no pipelined request: waits for the next one
+            self._slots.unclaimed(self, self._peer)  # kept alive: waits for the next head
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -392,7 +371,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     # parser callbacks
 
     def on_message_begin(self) -> None:
-        self._idle.discard(self)
         super().on_message_begin()
         extensions = self.scope.get("extensions")
         if extensions is None:
