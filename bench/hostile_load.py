@@ -37,7 +37,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -288,6 +290,25 @@ async def big_bodies(
                 await writer.wait_closed()
 
 
+Attacker = Callable[[Counter[str], asyncio.Event], Awaitable[None]]
+"""One hostile connection's loop: it counts the answers it gets until the event is set."""
+
+
+async def attack(
+    phases: list[Phase], name: str, seconds: float, attackers: list[Attacker]
+) -> Counter[str]:
+    """A phase of ``seconds`` with every attacker running; the answers they got."""
+    answers: Counter[str] = Counter()
+    stop = asyncio.Event()
+    phases.append(Phase(name))
+    tasks = [asyncio.create_task(attacker(answers, stop)) for attacker in attackers]
+    await asyncio.sleep(seconds)  # the attack runs for this long
+    phases[-1].ended = time.time()
+    stop.set()
+    await asyncio.gather(*tasks)
+    return answers
+
+
 def percentile(values: list[float], q: float) -> float:
     if len(values) < 2:
         return values[0] if values else float("nan")
@@ -310,43 +331,27 @@ async def run(args: argparse.Namespace, router: Managed) -> None:
     newcomer = asyncio.create_task(newcomers(host, int(port), arrivals))
     await asyncio.sleep(args.phase_seconds)  # the baseline phase runs for this long
 
-    slow_answers: Counter[str] = Counter()
-    stop = asyncio.Event()
-    phases.append(Phase(f"{SLOW_CONNECTIONS} slow-header connections"))
-    attackers = [
-        asyncio.create_task(slow_headers(host, int(port), slow_answers, stop))
-        for _ in range(SLOW_CONNECTIONS)
-    ]
-    await asyncio.sleep(args.phase_seconds)  # the attack runs for this long
-    phases[-1].ended = time.time()
-    stop.set()
-    await asyncio.gather(*attackers)
-
-    idle_answers: Counter[str] = Counter()
-    stop = asyncio.Event()
-    phases.append(Phase(f"{IDLE_CONNECTIONS} idle connections"))
-    attackers = [
-        asyncio.create_task(idle_connection(host, int(port), idle_answers, stop))
-        for _ in range(IDLE_CONNECTIONS)
-    ]
-    await asyncio.sleep(args.phase_seconds)  # the attack runs for this long
-    phases[-1].ended = time.time()
-    stop.set()
-    await asyncio.gather(*attackers)
-
+    port_n = int(port)
+    slow_answers = await attack(
+        phases,
+        f"{SLOW_CONNECTIONS} slow-header connections",
+        args.phase_seconds,
+        [partial(slow_headers, host, port_n)] * SLOW_CONNECTIONS,
+    )
+    idle_answers = await attack(
+        phases,
+        f"{IDLE_CONNECTIONS} idle connections",
+        args.phase_seconds,
+        [partial(idle_connection, host, port_n)] * IDLE_CONNECTIONS,
+    )
     body = orjson.dumps(CHAT)[:-2] + b',{"role":"user","content":"'
     body += b"x" * (BIG_BODY - len(body) - 4) + b'"}]}'
-    big_answers: Counter[str] = Counter()
-    stop = asyncio.Event()
-    phases.append(Phase(f"{BIG_CONNECTIONS} x 30 MiB bodies"))
-    attackers = [
-        asyncio.create_task(big_bodies(host, int(port), body, big_answers, stop))
-        for _ in range(BIG_CONNECTIONS)
-    ]
-    await asyncio.sleep(args.phase_seconds)  # the attack runs for this long
-    phases[-1].ended = time.time()
-    stop.set()
-    await asyncio.gather(*attackers)
+    big_answers = await attack(
+        phases,
+        f"{BIG_CONNECTIONS} x 30 MiB bodies",
+        args.phase_seconds,
+        [partial(big_bodies, host, port_n, body)] * BIG_CONNECTIONS,
+    )
     stop_client.set()
     newcomer.cancel()
     samples: list[Sample] = await asyncio.to_thread(receiving.recv)
