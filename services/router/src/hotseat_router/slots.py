@@ -16,7 +16,7 @@ fair. So the slots are shared by peer address:
 
 Behind a load balancer every connection has the balancer's address, so a newcomer is
 refused when the slots are full, as before; facing clients directly, one client can no
-longer hold the slots the others need.
+longer hold the slots the others need (docs/adr/0013-connection-slots.md).
 """
 
 from __future__ import annotations
