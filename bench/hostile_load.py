@@ -37,12 +37,13 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -156,16 +157,27 @@ def outcome(answer: asyncio.Task[bytes]) -> str:
     return parts[1].decode() if len(parts) > 1 else "garbled"
 
 
+async def attacker_connection(
+    host: str, port: int, answers: Counter[str]
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    """A connection from the attackers' address; ``None`` (counted, after a second's
+    pause before the caller tries again) when the connect failed."""
+    try:
+        return await asyncio.open_connection(host, port, local_addr=(ATTACKER, 0))
+    except OSError:
+        answers["connect failed"] += 1
+        await asyncio.sleep(1)  # a refused connect is retried a second later
+        return None
+
+
 async def slow_headers(host: str, port: int, answers: Counter[str], stop: asyncio.Event) -> None:
     """One connection at a time that sends a header one byte a second until answered,
     then another, until ``stop``."""
     while not stop.is_set():
-        try:
-            reader, writer = await asyncio.open_connection(host, port, local_addr=(ATTACKER, 0))
-        except OSError:
-            answers["connect failed"] += 1
-            await asyncio.sleep(1)  # a refused connect is retried a second later
+        opened = await attacker_connection(host, port, answers)
+        if opened is None:
             continue
+        reader, writer = opened
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: ")
         answer = asyncio.create_task(reader.readuntil(b"\r\n"))
         try:
@@ -201,12 +213,10 @@ async def idle_connection(host: str, port: int, answers: Counter[str], stop: asy
     connection open without a further request (one every 20 s, inside the router's
     keep-alive timeout), opening another when the router closes it, until ``stop``."""
     while not stop.is_set():
-        try:
-            reader, writer = await asyncio.open_connection(host, port, local_addr=(ATTACKER, 0))
-        except OSError:
-            answers["connect failed"] += 1
-            await asyncio.sleep(1)  # a refused connect is retried a second later
+        opened = await attacker_connection(host, port, answers)
+        if opened is None:
             continue
+        reader, writer = opened
         try:
             while not stop.is_set():
                 writer.write(PING)
@@ -261,12 +271,10 @@ async def big_bodies(
     ).encode()
     view = memoryview(body)
     while not stop.is_set():
-        try:
-            reader, writer = await asyncio.open_connection(host, port, local_addr=(ATTACKER, 0))
-        except OSError:
-            answers["connect failed"] += 1
-            await asyncio.sleep(1)  # a refused connect is retried a second later
+        opened = await attacker_connection(host, port, answers)
+        if opened is None:
             continue
+        reader, writer = opened
         writer.write(head)
         answer = asyncio.create_task(reader.readuntil(b"\r\n"))
         try:
@@ -290,7 +298,7 @@ async def big_bodies(
                 await writer.wait_closed()
 
 
-Attacker = Callable[[Counter[str], asyncio.Event], Awaitable[None]]
+Attacker = Callable[[Counter[str], asyncio.Event], Coroutine[Any, Any, None]]
 """One hostile connection's loop: it counts the answers it gets until the event is set."""
 
 
